@@ -1,0 +1,3 @@
+from tutorial_utils.cli import main
+
+raise SystemExit(main())

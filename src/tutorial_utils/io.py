@@ -1,0 +1,111 @@
+"""Atomic file writes: a temp file in the same folder, fsync, then rename. A reader never
+sees half a file and a crash never leaves one behind. The one way the package writes files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success rename it over ``path``.
+
+    On an exception the temporary file is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix or ".tmp")
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp_path, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False, default=_json_default) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars/arrays and paths without importing numpy here
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Build a directory under a temporary name and rename it into place when done.
+
+    If ``path`` exists it is replaced only after the new one is complete (the old one is
+    moved aside first and removed afterwards), so a crash leaves either the old or the new.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if path.exists() or path.is_symlink():
+        old = path.parent / f".{path.name}.old-{os.getpid()}"
+        os.replace(path, old)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink()
+
+
+def read_jsonl(path: str | os.PathLike, tolerate_partial_last_line: bool = True) -> list[dict]:
+    """Read a JSON-lines file; a half-written last line (a run still writing) is skipped."""
+    rows: list[dict] = []
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if tolerate_partial_last_line and i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}: line {i + 1} is not valid JSON: {line[:80]!r}") from None
+    return rows
