@@ -24,6 +24,8 @@ SERVER_LISTENING = "server listening on {host}:{port}"
 SERVER_CONNECTION_OPEN = "connection open"
 SERVER_CONNECTION_FROM = "Connection from {addr} opened"
 SERVER_CONNECTION_CLOSED = "Connection from {addr} closed"
+SERVER_REQUEST_ERROR = "request from {addr} failed: {error}"
+SERVER_STOPPED = "server stopped after {requests} requests ({errors} errors)"
 
 # --- LIBERO client (eval_libero.py / openpi examples/libero/main.py) ------------------------
 EVAL_TASK = "Task: {task}"

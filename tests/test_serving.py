@@ -1,0 +1,292 @@
+"""The websocket policy server and client: framing, openpi interop, bad input and faults."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+import pytest
+
+from tutorial_utils import logs, policies, serving
+
+
+def _obs(size: int = 224) -> dict:
+    rng = np.random.default_rng(0)
+    return {
+        "observation/image": rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
+        "observation/wrist_image": rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
+        "observation/state": rng.normal(size=8).astype(np.float32),
+        "prompt": "pick up the black bowl and place it on the plate",
+    }
+
+
+@pytest.fixture(scope="module")
+def server():
+    with serving.ServerThread(policies.ZeroPolicy()) as srv:
+        yield srv
+
+
+def _start_cli_server(port: int, log_path, policy: str = "zero") -> subprocess.Popen:
+    fh = open(log_path, "w")
+    return subprocess.Popen(
+        [sys.executable, "-m", "tutorial_utils", "serve", "--policy", policy, "--port", str(port)],
+        stdout=fh, stderr=subprocess.STDOUT,
+    )
+
+
+# --- framing ---------------------------------------------------------------------------------------
+
+
+def test_pack_roundtrip_and_openpi_framing():
+    from openpi_client import msgpack_numpy
+
+    msg = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.float64(1.5), "i": np.int32(7), "t": "x", "n": [1, 2]}
+    for data in (serving.packb(msg), msgpack_numpy.packb(msg)):
+        for back in (serving.unpackb(data), msgpack_numpy.unpackb(data)):
+            np.testing.assert_array_equal(back["a"], msg["a"])
+            assert back["a"].dtype == np.float32 and back["s"] == 1.5 and isinstance(back["i"], np.int32)
+            assert back["t"] == "x" and back["n"] == [1, 2]
+    assert serving.packb(msg) == msgpack_numpy.packb(msg)  # byte-identical framing
+
+
+def test_unpack_accepts_str_keys():
+    import msgpack
+
+    raw = msgpack.packb({"x": {"__ndarray__": True, "data": b"\x01\x02", "dtype": "|u1", "shape": [2]}})
+    np.testing.assert_array_equal(serving.unpackb(raw)["x"], [1, 2])
+
+
+# --- interop ---------------------------------------------------------------------------------------
+
+
+def test_openpi_client_drives_our_server(server):
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    client = WebsocketClientPolicy("127.0.0.1", server.port)
+    assert client.get_server_metadata()["action_horizon"] == 8
+    reply = client.infer(_obs())
+    assert reply["actions"].shape == (8, 7) and reply["actions"].dtype == np.float32
+    assert reply["server_timing"]["infer_ms"] >= 0
+    with pytest.raises(RuntimeError, match="observation/image"):
+        client.infer({"prompt": "x"})
+    assert client.infer(_obs())["actions"].shape == (8, 7)  # keeps serving after an error
+
+
+class _OpenpiStyleServer:
+    """A server written the openpi way, from openpi_client's msgpack_numpy helpers."""
+
+    def __init__(self):
+        self.port = serving.free_port()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+        self.stop_event = None
+
+    async def _handler(self, ws):
+        from openpi_client import msgpack_numpy
+
+        packer = msgpack_numpy.Packer()
+        await ws.send(packer.pack({"server": "openpi-style"}))
+        async for frame in ws:
+            try:
+                obs = msgpack_numpy.unpackb(frame)
+                n = int(obs["observation/state"].shape[0])
+                await ws.send(packer.pack({"actions": np.full((5, 7), n, np.float32), "server_timing": {"infer_ms": 0.1}}))
+            except Exception:
+                await ws.send(traceback.format_exc())
+
+    async def _main(self):
+        from websockets.asyncio.server import serve
+
+        self.loop = asyncio.get_running_loop()
+        self.stop_event = asyncio.Event()
+        async with serve(self._handler, "127.0.0.1", self.port, compression=None, max_size=None):
+            self.ready.set()
+            await self.stop_event.wait()
+
+    def __enter__(self):
+        self.thread.start()
+        self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.thread.join(5)
+
+
+def test_our_client_drives_openpi_style_server():
+    with _OpenpiStyleServer() as srv:
+        with serving.PolicyClient(port=srv.port, connect_timeout=5) as client:
+            assert client.metadata == {"server": "openpi-style"}
+            reply = client.infer(_obs())
+            np.testing.assert_array_equal(reply["actions"], np.full((5, 7), 8, np.float32))
+            with pytest.raises(serving.ServerError, match="KeyError"):
+                client.infer({"prompt": "no state"})
+
+
+def test_dit4dit_examples_request(server):
+    with serving.PolicyClient(port=server.port, protocol="dit4dit") as client:
+        reply = client.infer(_obs())
+    assert reply["data"]["normalized_actions"].shape == (1, 8, 8)
+    assert serving.reply_actions(reply).shape == (8, 7)
+    obs = serving.to_policy_observation(serving.to_request(_obs(), "dit4dit"), 224)
+    np.testing.assert_allclose(obs["observation/state"], _obs()["observation/state"], atol=1e-5)
+    np.testing.assert_array_equal(obs["observation/wrist_image"], _obs()["observation/wrist_image"])
+
+
+def test_healthz(server):
+    assert serving.check_health(port=server.port)
+    assert serving.wait_for_health(port=server.port, timeout=2) < 2
+
+
+# --- bad input --------------------------------------------------------------------------------------
+
+
+def test_malformed_msgpack_gets_error_and_server_keeps_serving(server):
+    from websockets.sync.client import connect
+
+    with connect(f"ws://127.0.0.1:{server.port}", compression=None, max_size=None, proxy=None) as ws:
+        serving.unpackb(ws.recv(timeout=5))  # metadata
+        ws.send(b"\xc1\xc1 not msgpack")
+        err = ws.recv(timeout=5)
+        assert isinstance(err, str) and "not valid msgpack" in err
+        ws.send(serving.packb(_obs()))
+        assert serving.unpackb(ws.recv(timeout=5))["actions"].shape == (8, 7)
+
+
+def test_missing_observation_key(server):
+    obs = _obs()
+    del obs["observation/wrist_image"]
+    with serving.PolicyClient(port=server.port) as client:
+        with pytest.raises(serving.ServerError, match="missing key.*observation/wrist_image"):
+            client.infer(obs)
+
+
+def test_wrong_image_shape(server):
+    obs = _obs()
+    obs["observation/image"] = np.zeros((128, 128, 3), np.uint8)
+    with serving.PolicyClient(port=server.port) as client:
+        with pytest.raises(serving.ServerError, match=r"observation/image.*\(224, 224, 3\).*\(128, 128, 3\)"):
+            client.infer(obs)
+        obs["observation/image"] = np.zeros((224, 224), np.uint8)
+        with pytest.raises(serving.ServerError, match=r"\(H, W, 3\)"):
+            client.infer(obs)
+        assert client.infer(_obs())["actions"].shape == (8, 7)
+
+
+# --- faults -------------------------------------------------------------------------------------------
+
+
+def test_server_killed_mid_evaluation(tmp_path):
+    port = serving.free_port()
+    proc = _start_cli_server(port, tmp_path / "server.log")
+    try:
+        client = serving.PolicyClient(port=port, connect_timeout=30, recv_timeout=10)
+        assert client.infer(_obs())["actions"].shape == (8, 7)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        t0 = time.monotonic()
+        with pytest.raises(serving.ServerDied, match="closed the connection"):
+            for _ in range(3):
+                client.infer(_obs())
+        assert time.monotonic() - t0 < 5
+    finally:
+        proc.kill()
+        proc.wait()
+    text = (tmp_path / "server.log").read_text()
+    for sign in ("server running", "server listening on", logs.SERVER_CONNECTION_OPEN):
+        assert sign in text, text
+
+
+def test_server_stuck_times_out():
+    """A server that accepts and then never answers: the client gives up after recv_timeout."""
+    from websockets.sync.server import serve
+
+    def handler(ws):
+        ws.send(serving.packb({"stuck": True}))
+        time.sleep(3)
+
+    with serve(handler, "127.0.0.1", 0) as srv:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        port = srv.socket.getsockname()[1]
+        client = serving.PolicyClient(port=port, recv_timeout=0.5)
+        with pytest.raises(serving.ServerDied, match="did not answer within"):
+            client.infer(_obs())
+        srv.shutdown()
+
+
+def test_port_already_in_use(tmp_path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        with pytest.raises(serving.PortInUse, match=f"port {port} .*already in use"):
+            serving.ServerThread(policies.ZeroPolicy(), port=port).start()
+        proc = subprocess.run(
+            [sys.executable, "-m", "tutorial_utils", "serve", "--policy", "zero", "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert proc.returncode == 2
+        assert "already in use" in proc.stderr
+    finally:
+        holder.close()
+
+
+def test_client_started_before_server(tmp_path):
+    port = serving.free_port()
+    result = {}
+
+    def connect():
+        try:
+            c = serving.PolicyClient(port=port, connect_timeout=30, retry_interval=0.2)
+            result["reply"] = c.infer(_obs())
+            c.close()
+        except Exception as exc:  # reported below
+            result["error"] = exc
+
+    t = threading.Thread(target=connect)
+    t.start()
+    time.sleep(1.0)
+    assert t.is_alive()  # still retrying
+    with serving.ServerThread(policies.ZeroPolicy(), port=port):
+        t.join(20)
+    assert "error" not in result, result.get("error")
+    assert result["reply"]["actions"].shape == (8, 7)
+
+
+def test_client_gives_up_with_clear_error():
+    port = serving.free_port()
+    t0 = time.monotonic()
+    with pytest.raises(serving.ServerUnavailable, match=f"could not connect.*{port}.*within 1 s"):
+        serving.PolicyClient(port=port, connect_timeout=1, retry_interval=0.2)
+    assert time.monotonic() - t0 < 5
+    with pytest.raises(serving.ServerUnavailable, match="healthz"):
+        serving.wait_for_health(port=port, timeout=0.5, interval=0.1)
+
+
+# --- policies ------------------------------------------------------------------------------------
+
+
+def test_registry_clear_errors():
+    assert {"expert", "zero", "mini", "dit4dit"} <= set(policies.available())
+    with pytest.raises(policies.PolicyUnavailable, match="GPU checkout"):
+        policies.make_policy("dit4dit")
+    with pytest.raises(policies.PolicyUnavailable, match="unknown policy 'nope'.*expert"):
+        policies.make_policy("nope")
+    with pytest.raises(policies.PolicyUnavailable, match="mini"):
+        policies.make_policy("mini")
+
+
+def test_expert_without_privileged_state_is_refused(server):
+    with serving.ServerThread(policies.ExpertPolicy()) as srv, serving.PolicyClient(port=srv.port) as client:
+        assert client.metadata["needs_privileged"] is True
+        with pytest.raises(serving.ServerError, match="privileged"):
+            client.infer(_obs())
