@@ -141,6 +141,13 @@ def test_dit4dit_examples_request(server):
     np.testing.assert_array_equal(obs["observation/wrist_image"], _obs()["observation/wrist_image"])
 
 
+def test_infer_in_thread():
+    with serving.ServerThread(policies.ZeroPolicy(horizon=4)) as srv:
+        srv.server.infer_in_thread = True
+        with serving.PolicyClient(port=srv.port) as client:
+            assert client.infer(_obs())["actions"].shape == (4, 7)
+
+
 def test_healthz(server):
     assert serving.check_health(port=server.port)
     assert serving.wait_for_health(port=server.port, timeout=2) < 2
