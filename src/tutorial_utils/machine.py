@@ -379,3 +379,22 @@ def main(argv: list[str]) -> int:
 
         atomic_write_json(args.json, rep)
     return 0 if all(ok for _, ok, _ in checks(rep)) else 1
+
+
+def plot_disk_plan(disk: list[dict[str, Any]]):
+    """Bar chart: free space per role's mount against what the role needs."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 2.2 + 0.3 * len(disk)))
+    roles = [f"{d['role']}\n({d['mount']})" for d in disk]
+    free = [d["free_gb"] for d in disk]
+    need = [d["need_gb"] for d in disk]
+    y = range(len(disk))
+    ax.barh(y, free, color=["#4c9f70" if d["ok"] else "#d1495b" for d in disk], label="free on the mount")
+    ax.scatter(need, list(y), marker="|", s=400, color="black", label="needed (estimate)", zorder=3)
+    ax.set_yticks(list(y), roles)
+    ax.set_xlabel("GB")
+    ax.set_title("Disk plan: free space where each role writes")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,74 @@
+# The README's two commands: `make book` and `make test`. Everything else is a part of them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+
+VENV       := .venv
+PY         := $(VENV)/bin/python
+STAMP      := .make
+PYTHON     ?= python3
+export TUTORIAL_PROFILE ?= ci
+# jupyter-book, papermill and nbmake start kernels from PATH: make it this venv's.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: help book test setup system venv vendor ipynb main-job html test-unit test-notebooks test-browser clean
+
+help:
+	@echo "make book   set up (Debian packages, .venv), run the main job, build the HTML book into _build/html"
+	@echo "make test   set up if needed, then run every test (unit, notebooks with nbmake, book build, browser)"
+	@echo "parts: setup ipynb main-job html test-unit test-notebooks test-browser clean"
+
+# --- set-up (each step done once; redone only when its inputs change) -----------------------
+$(STAMP)/system: scripts/install_system_packages.sh
+	@mkdir -p $(STAMP)
+	bash scripts/install_system_packages.sh
+	@touch $@
+
+$(STAMP)/venv: requirements.txt pyproject.toml | $(STAMP)/system
+	@mkdir -p $(STAMP)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	@touch $@
+
+_vendor/vendor/embed-amd.js: | $(STAMP)/venv
+	$(PY) -m tutorial_utils book vendor
+
+system: $(STAMP)/system
+venv: $(STAMP)/venv
+vendor: _vendor/vendor/embed-amd.js
+setup: $(STAMP)/system $(STAMP)/venv _vendor/vendor/embed-amd.js
+
+# --- the book ---------------------------------------------------------------------------------
+ipynb: setup
+	$(PY) -m tutorial_utils book ipynb
+
+main-job: setup
+	$(PY) -m tutorial_utils doctor --json runs/doctor.json
+
+html: setup
+	$(PY) -m tutorial_utils book build
+
+book: setup main-job html
+	@echo "book: $(CURDIR)/_build/html/index.html"
+
+# --- tests --------------------------------------------------------------------------------------
+test-unit: setup
+	$(PY) -m pytest tests -m "not browser" -p no:cacheprovider
+
+test-notebooks: setup
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  $(PY) -m tutorial_utils book ipynb --dest "$$tmp" >/dev/null && \
+	  cd "$$tmp" && $(CURDIR)/$(PY) -m pytest --nbmake --nbmake-timeout=900 -p no:cacheprovider -q \
+	    $$(find "$$tmp" -name '*.ipynb' | sort)
+
+test-browser: html
+	REQUIRE_BOOK=1 $(PY) -m pytest tests -m browser -p no:cacheprovider
+
+test: setup
+	$(MAKE) --no-print-directory test-unit
+	$(MAKE) --no-print-directory test-notebooks
+	$(MAKE) --no-print-directory test-browser
+
+clean:
+	rm -rf _build $(STAMP)

@@ -1,0 +1,170 @@
+"""The book's machinery: which notebooks the TOC lists, their ``.ipynb`` twins, the build.
+
+- ``python -m tutorial_utils book ipynb [--dest DIR]``: write the ``.ipynb`` twins of every
+  notebook in the TOC (beside the sources by default, for Jupyter users and papermill; a
+  temporary folder for nbmake). Twins are git-ignored and excluded from the book's scan.
+- ``python -m tutorial_utils book build``: the Jupyter Book 1 HTML build, warnings as errors,
+  so a failing notebook or a broken reference fails it.
+- ``python -m tutorial_utils book vendor``: fetch the ipywidgets JavaScript (npm) into
+  ``_vendor/vendor`` so saved widget state renders offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from tutorial_utils import paths
+
+VENDOR_DIR = paths.REPO / "_vendor" / "vendor"
+#: npm packages and the one file each contributes (FACTS.md section 10).
+VENDOR_FILES = {
+    "requirejs@2.3.7": ("package/require.js", "require.js"),
+    "@jupyter-widgets/html-manager@1.0.6": ("package/dist/embed-amd.js", "embed-amd.js"),
+}
+JB_HEADER_KEY = "jupytext"
+
+
+def _toc_entries(node) -> list[str]:
+    out: list[str] = []
+    if isinstance(node, dict):
+        for key in ("root", "file"):
+            if isinstance(node.get(key), str):
+                out.append(node[key])
+        for key in ("parts", "chapters", "sections"):
+            for child in node.get(key, []) or []:
+                out += _toc_entries(child)
+    elif isinstance(node, list):
+        for child in node:
+            out += _toc_entries(child)
+    return out
+
+
+def toc_files(root: Path = paths.REPO) -> list[Path]:
+    """Every source file the TOC lists, resolved to its ``.md`` (or ``.ipynb``) file."""
+    import yaml
+
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+    files = []
+    for entry in _toc_entries(toc):
+        base = root / entry
+        for cand in (base, base.with_suffix(".md"), base.with_suffix(".ipynb")):
+            if cand.is_file() and cand.suffix in (".md", ".ipynb"):
+                files.append(cand)
+                break
+        else:
+            raise FileNotFoundError(f"_toc.yml lists {entry!r} but neither {entry}.md nor {entry}.ipynb exists under {root}")
+    return files
+
+
+def is_notebook(path: Path) -> bool:
+    """A MyST page is a notebook when its front matter has a jupytext header."""
+    if path.suffix == ".ipynb":
+        return True
+    text = path.read_text(encoding="utf-8")
+    if not text.startswith("---"):
+        return False
+    end = text.find("\n---", 3)
+    return end > 0 and f"\n{JB_HEADER_KEY}:" in "\n" + text[3:end]
+
+
+def toc_notebooks(root: Path = paths.REPO) -> list[Path]:
+    return [p for p in toc_files(root) if is_notebook(p)]
+
+
+def job_notebooks(root: Path = paths.REPO) -> list[Path]:
+    return sorted((root / "notebooks" / "jobs").glob("*.md"))
+
+
+def write_twins(dest: Path | None = None, root: Path = paths.REPO, include_jobs: bool = True) -> list[Path]:
+    """Write ``.ipynb`` twins of the TOC notebooks (and job notebooks) to ``dest`` (default:
+    beside each source). Returns the written paths."""
+    import jupytext
+
+    sources = toc_notebooks(root) + (job_notebooks(root) if include_jobs else [])
+    written = []
+    for src in sources:
+        if src.suffix == ".ipynb":
+            continue
+        rel = src.relative_to(root).with_suffix(".ipynb")
+        out = (dest / rel) if dest else (root / rel)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        nb = jupytext.read(src)
+        jupytext.write(nb, out, fmt="ipynb")
+        written.append(out)
+    return written
+
+
+def jb_command(root: Path = paths.REPO, builder: str = "html") -> list[str]:
+    exe = Path(sys.executable).with_name("jupyter-book")
+    return [os.fspath(exe), "build", os.fspath(root), "--builder", builder, "-W", "-n", "--keep-going"]
+
+
+def build(root: Path = paths.REPO, builder: str = "html", clean: bool = False, env: dict | None = None) -> int:
+    """Build the book; non-zero on any warning, a failing notebook included."""
+    if clean:
+        shutil.rmtree(root / "_build", ignore_errors=True)
+    run_env = {**os.environ, **(env or {})}
+    run_env.setdefault("TUTORIAL_PROFILE", "ci")
+    # the kernel must be this venv's python: put it first on PATH
+    run_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{run_env.get('PATH', '')}"
+    return subprocess.run(jb_command(root, builder), env=run_env).returncode
+
+
+def vendor_widgets(dest: Path = VENDOR_DIR) -> list[Path]:
+    """Fetch require.js and the ipywidgets HTML manager from npm into ``dest`` (skips files
+    that are already there)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    got = []
+    npm = shutil.which("npm")
+    for spec, (member, name) in VENDOR_FILES.items():
+        out = dest / name
+        if out.is_file() and out.stat().st_size > 0:
+            got.append(out)
+            continue
+        if not npm:
+            raise RuntimeError(f"{out} is missing and npm is not installed: install Node.js/npm (Debian: `apt-get install -y npm`) and rerun `make vendor`")
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([npm, "pack", spec, "--silent"], cwd=tmp, check=True, stdout=subprocess.DEVNULL)
+            tgz = next(Path(tmp).glob("*.tgz"))
+            with tarfile.open(tgz) as tf:
+                data = tf.extractfile(member)
+                if data is None:
+                    raise RuntimeError(f"{spec}: {member} not found in the npm package")
+                from tutorial_utils.io import atomic_write_bytes
+
+                atomic_write_bytes(out, data.read())
+        got.append(out)
+    return got
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tutorial_utils book")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("ipynb", help="write the .ipynb twins")
+    t.add_argument("--dest", type=Path, default=None, help="folder for the twins (default: beside the sources)")
+    b = sub.add_parser("build", help="build the HTML book (warnings are errors)")
+    b.add_argument("--clean", action="store_true")
+    sub.add_parser("vendor", help="fetch the ipywidgets JS for offline widget state")
+    sub.add_parser("list", help="list the TOC's pages and which are notebooks")
+    args = ap.parse_args(argv)
+    if args.cmd == "ipynb":
+        for p in write_twins(args.dest):
+            print(p)
+        return 0
+    if args.cmd == "build":
+        vendor_widgets()
+        return build(clean=args.clean)
+    if args.cmd == "vendor":
+        for p in vendor_widgets():
+            print(p)
+        return 0
+    for p in toc_files():
+        print(f"{'notebook' if is_notebook(p) else 'page    '}  {p.relative_to(paths.REPO)}")
+    return 0

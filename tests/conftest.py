@@ -1,0 +1,44 @@
+"""Shared test set-up: the `ci` profile, one torch thread, runs and data in temporary folders."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TUTORIAL_PROFILE", "ci")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def write_notebook(path: Path, cells: list[tuple[str, str]], params: str | None = None) -> Path:
+    """Write a MyST notebook: ``cells`` are (kind, source) with kind 'md' or 'code'; ``params``
+    becomes the first code cell, tagged `parameters`."""
+    head = (
+        "---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
+        "    format_version: 0.13\n    jupytext_version: 1.19.6\nkernelspec:\n"
+        "  display_name: Python 3 (ipykernel)\n  language: python\n  name: python3\n---\n\n"
+    )
+    body = []
+    if params is not None:
+        body.append("```{code-cell} ipython3\n:tags: [parameters]\n\n" + params.strip() + "\n```\n")
+    for kind, src in cells:
+        body.append(src.strip() + "\n" if kind == "md" else "```{code-cell} ipython3\n" + src.strip() + "\n```\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(head + "\n".join(body))
+    return path
+
+
+@pytest.fixture
+def runs_dir(tmp_path, monkeypatch):
+    """Point tutorial_utils.paths.RUNS at a temporary folder."""
+    from tutorial_utils import paths
+
+    d = tmp_path / "runs"
+    monkeypatch.setattr(paths, "RUNS", d)
+    return d

@@ -1,0 +1,49 @@
+"""The build and the notebook tests fail loudly when a notebook breaks."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, write_notebook
+from tutorial_utils import book
+
+pytestmark = pytest.mark.book
+
+
+def _throwaway_book(root: Path, failing: bool) -> Path:
+    shutil.copy(REPO / "_config.yml", root / "_config.yml")
+    (root / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: nb\n")
+    (root / "intro.md").write_text("# Throwaway book\n\nA page.\n")
+    (root / "_vendor").mkdir()
+    cell = "raise RuntimeError('deliberate failure')" if failing else "print('fine')"
+    write_notebook(root / "nb.md", [("md", "# A notebook"), ("code", cell)], params="x = 1")
+    return root
+
+
+@pytest.mark.parametrize("failing", [True, False], ids=["failing", "passing"])
+def test_book_build_fails_on_a_failing_cell(tmp_path, failing):
+    root = _throwaway_book(tmp_path, failing)
+    rc = book.build(root, clean=True)
+    assert (rc != 0) == failing
+    if not failing:
+        assert (root / "_build" / "html" / "nb.html").is_file()
+
+
+def test_nbmake_fails_on_a_failing_cell(tmp_path):
+    root = _throwaway_book(tmp_path, failing=True)
+    twins = book.write_twins(dest=tmp_path / "twins", root=root)
+    assert [t.name for t in twins] == ["nb.ipynb"]
+    out = subprocess.run([sys.executable, "-m", "pytest", "--nbmake", "-p", "no:cacheprovider", "-q", str(twins[0])],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout
+    assert "deliberate failure" in out.stdout
+
+
+def test_twins_beside_the_sources_do_not_break_the_build(tmp_path):
+    root = _throwaway_book(tmp_path, failing=False)
+    book.write_twins(root=root)
+    assert (root / "nb.ipynb").is_file()
+    assert book.build(root, clean=True) == 0

@@ -1,0 +1,131 @@
+"""Every page of the built book, in a real headless Chromium served from 127.0.0.1.
+
+Needs `_build/html` (``make html``). Under ``make test`` (REQUIRE_BOOK=1) a missing build is
+a failure, not a skip. Screenshots go to ``_build/screenshots/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from conftest import REPO
+from tutorial_utils import book
+
+pytestmark = pytest.mark.browser
+HTML = REPO / "_build" / "html"
+SHOTS = REPO / "_build" / "screenshots"
+PAGES = [p.relative_to(REPO).with_suffix(".html").as_posix() for p in book.toc_files(REPO)]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+def _need_book():
+    if not (HTML / "index.html").is_file():
+        msg = f"{HTML}/index.html is missing: run `make html` first"
+        if os.environ.get("REQUIRE_BOOK") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+@pytest.fixture(scope="module")
+def server():
+    _need_book()
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def driver():
+    _need_book()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--hide-scrollbars", "--window-size=1280,1600"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    d.set_page_load_timeout(60)
+    yield d
+    d.quit()
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+_LOCAL_REFS = """
+const out = [];
+const add = (kind, url) => { if (url) out.push([kind, url]); };
+document.querySelectorAll('img[src]').forEach(e => add('img', e.src));
+document.querySelectorAll('video[src], video source[src], audio source[src]').forEach(e => add('media', e.src));
+document.querySelectorAll('a[href]').forEach(e => add('link', e.href));
+document.querySelectorAll('link[rel=stylesheet][href], script[src]').forEach(e => add('asset', e.href || e.src));
+return out;
+"""
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_page_loads_cleanly(page, server, driver):
+    driver.get_log("browser")  # drop what earlier pages logged
+    driver.get(server + page)
+    h1 = driver.execute_script("const h = document.querySelector('main h1, article h1, h1'); return h ? h.textContent.trim() : '';")
+    assert h1, f"{page}: no <h1> title"
+    assert h1.rstrip("#¶ ").strip()[:20] in driver.title, f"{page}: document title {driver.title!r} lacks {h1!r}"
+
+    broken = []
+    for kind, url in driver.execute_script(_LOCAL_REFS):
+        parsed = urllib.parse.urlparse(url)
+        if not url.startswith(server) or parsed.scheme not in ("http",):
+            continue
+        target = urllib.parse.urlunparse(parsed._replace(fragment=""))
+        if _status(target) != 200:
+            broken.append(f"{kind} {url}")
+    assert not broken, f"{page}: broken local references: {broken}"
+    bad_imgs = driver.execute_script(
+        "return [...document.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src);")
+    assert not bad_imgs, f"{page}: images that did not decode: {bad_imgs}"
+
+    if "application/vnd.jupyter.widget-state+json" in driver.page_source:
+        driver.implicitly_wait(0)
+        import time
+        for _ in range(50):
+            if driver.execute_script("return document.querySelectorAll('.jupyter-widgets, .widget-box, .widget-slider').length"):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"{page}: saved widget state did not render (vendored ipywidgets JS not loaded?)")
+
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, f"{page}: JavaScript errors: {[e['message'] for e in errors]}"
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    height = min(int(driver.execute_script("return document.documentElement.scrollHeight")), 12000)
+    driver.set_window_size(1280, max(height, 800))
+    driver.save_screenshot(str(SHOTS / (page.replace("/", "__").removesuffix(".html") + ".png")))
+    driver.set_window_size(1280, 1600)

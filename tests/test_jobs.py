@@ -1,0 +1,94 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import write_notebook
+from tutorial_utils import jobs
+
+
+@pytest.fixture
+def job_nb(tmp_path):
+    return write_notebook(
+        tmp_path / "jobs" / "square.md",
+        [("md", "# Square a number"),
+         ("code", "from pathlib import Path\nout = Path(run_dir) / 'result.json'\nout.write_text(str(n * n))\nprint('squared', n)")],
+        params="from tutorial_utils.profiles import pick\n\nn = pick(ci=3, cpu=30)\nrun_dir = ''",
+    )
+
+
+def test_run_notebook_makes_a_self_describing_run(job_nb, runs_dir):
+    res = jobs.run_notebook(job_nb, {"n": 7})
+    assert res.run_dir.parent == runs_dir
+    assert (res.run_dir / "result.json").read_text() == "49"
+    params = yaml.safe_load((res.run_dir / "params.yaml").read_text())
+    assert params["parameters"]["n"] == 7 and params["profile"] == "ci"
+    status = json.loads((res.run_dir / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["job"] == "square" and status["wall_s"] > 0
+    executed = json.loads(res.executed.read_text())
+    assert any("injected-parameters" in c["metadata"].get("tags", []) for c in executed["cells"])
+    assert "squared 7" in (res.run_dir / "job.log").read_text()
+
+
+def test_defaults_come_from_the_profile(job_nb, runs_dir, monkeypatch):
+    res = jobs.run_notebook(job_nb)
+    assert (res.run_dir / "result.json").read_text() == "9"
+    monkeypatch.setenv("TUTORIAL_PROFILE", "cpu")
+    res = jobs.run_notebook(job_nb)
+    assert (res.run_dir / "result.json").read_text() == "900"
+
+
+def test_reuse_returns_the_finished_run(job_nb, runs_dir):
+    first = jobs.run_notebook(job_nb, {"n": 2}, reuse=True)
+    again = jobs.run_notebook(job_nb, {"n": 2}, reuse=True)
+    other = jobs.run_notebook(job_nb, {"n": 4}, reuse=True)
+    assert again.reused and again.run_dir == first.run_dir
+    assert not other.reused and other.run_dir != first.run_dir
+
+
+def test_unknown_parameter_is_named(job_nb, runs_dir):
+    with pytest.raises(jobs.JobError, match=r"unknown parameter\(s\) nn\. This job's parameters are: n, run_dir"):
+        jobs.run_notebook(job_nb, {"nn": 1})
+    assert not runs_dir.exists() or not any(runs_dir.iterdir())
+
+
+def test_missing_notebook_is_a_clear_error(runs_dir):
+    with pytest.raises(jobs.JobError, match="job notebook 'nope.md' not found.*Known jobs"):
+        jobs.run_notebook("nope.md")
+
+
+def test_unwritable_run_dir_is_a_clear_error(job_nb, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(jobs.JobError, match="is not writable.*TUTORIAL_RUNS_DIR"):
+        jobs.run_notebook(job_nb, {"n": 1}, run_dir=blocker / "run")
+
+
+def test_failing_cell_raises_and_keeps_the_executed_notebook(tmp_path, runs_dir):
+    nb = write_notebook(
+        tmp_path / "boom.md",
+        [("code", "x = 1"), ("code", "raise ValueError('the data folder is empty')")],
+        params="run_dir = ''",
+    )
+    with pytest.raises(jobs.JobFailed, match="ValueError: the data folder is empty") as info:
+        jobs.run_notebook(nb)
+    err = info.value
+    assert err.executed.is_file()
+    assert "the data folder is empty" in err.executed.read_text()
+    status = json.loads((err.run_dir / "status.json").read_text())
+    assert status["state"] == "failed" and status["error"]["ename"] == "ValueError"
+
+
+def test_cli_runs_a_job_and_reports_errors(job_nb, tmp_path):
+    env_runs = tmp_path / "cli-runs"
+    env = {"TUTORIAL_RUNS_DIR": str(env_runs), "PATH": str(__import__("pathlib").Path(sys.executable).parent) + ":/usr/bin:/bin"}
+    ok = subprocess.run([sys.executable, "-m", "tutorial_utils", "job", "run", str(job_nb), "-p", "n", "5", "--quiet"],
+                        capture_output=True, text=True, env=env)
+    assert ok.returncode == 0, ok.stderr
+    run_dir = next(env_runs.iterdir())
+    assert (run_dir / "result.json").read_text() == "25"
+    bad = subprocess.run([sys.executable, "-m", "tutorial_utils", "job", "run", str(job_nb), "-p", "m", "5"],
+                         capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and "unknown parameter(s) m" in bad.stderr

@@ -1,0 +1,63 @@
+import pytest
+
+from tutorial_utils import machine
+from tutorial_utils.machine import Accelerator
+
+
+def _gpu(gb):
+    return Accelerator("cuda", 0, "GPU", gb, 1.0, 3.0, 40.0, "test")
+
+
+@pytest.mark.parametrize("accs,level,needle", [
+    ([_gpu(47.7)], "ok", "enough"),            # an L40 reports a little under 48 GB
+    ([_gpu(80)], "ok", "enough"),
+    ([_gpu(40)], "tight", "below the recommended 48 GB"),
+    ([_gpu(24)], "small", "likely to run out of memory"),
+    ([Accelerator("cpu", 0, "cpu")], "none", "mini path runs on this CPU"),
+    ([Accelerator("mps", 0, "mps")], "none", "Apple MPS"),
+])
+def test_vram_verdict(accs, level, needle):
+    got, msg = machine.vram_verdict(accs)
+    assert got == level and needle in msg
+
+
+def test_accelerators_fall_back_to_the_cpu():
+    accs = machine.accelerators(use_torch=False)
+    assert accs and accs[0].kind in ("cuda", "cpu")
+
+
+def test_disk_plan_warns_before_no_space_left(tmp_path, monkeypatch):
+    monkeypatch.setitem(machine.DISK_NEEDS_GB, "mini", {"models": 0.0, "data": 1e6, "runs": 1e6})
+    roles = machine.disk_plan("mini", {"models": tmp_path / "m", "data": tmp_path / "d", "runs": tmp_path / "r"})
+    bad = [r for r in roles if not r.ok]
+    assert {r.role for r in bad} >= {"data", "runs"}
+    data = next(r for r in roles if r.role == "data")
+    assert "No space left on device" in data.warning and "TUTORIAL_DATA_DIR" in data.warning
+    assert set(data.shared_with) == {"models", "runs"}  # same mount: the needs add up
+
+
+def test_disk_plan_rejects_an_unknown_backend():
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        machine.disk_plan("tpu")
+
+
+def test_proxy_credentials_are_masked(monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://me:s3cret@proxy:7890")
+    assert machine.hub_settings()["HTTPS_PROXY"] == "http://me:***@proxy:7890"
+
+
+def test_gl_verdict_names_the_debian_packages():
+    pick, msg = machine.gl_verdict({"egl": {"ok": False, "detail": "x", "package": ""}, "osmesa": {"ok": False, "detail": "y", "package": ""}})
+    assert pick is None and "libosmesa6" in msg and "libegl1" in msg
+
+
+def test_gl_probe_rejects_unknown_backends():
+    with pytest.raises(ValueError, match="unknown GL backend"):
+        machine.probe_gl("vulkan")
+
+
+@pytest.mark.libero
+def test_an_offscreen_gl_backend_works_here():
+    results = machine.gl_backends()
+    pick, msg = machine.gl_verdict(results)
+    assert pick is not None, msg
