@@ -1,0 +1,288 @@
+"""The LIBERO evaluation client loop, the two-process chain and promotion.
+
+Most tests drive the real client loop against a fake env (no MuJoCo, seconds); the ones
+marked ``libero`` run real LIBERO through the full two-process chain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tutorial_utils import evaluate, logs, policies, serving
+
+
+# --- pieces ------------------------------------------------------------------------------------------
+
+
+def test_resize_and_actions():
+    img = np.zeros((128, 128, 3), np.uint8)
+    assert evaluate.resize_image(img, 224).shape == (224, 224, 3)
+    assert evaluate.resize_image(img, None) is img and evaluate.resize_image(img, 128) is img
+    a = evaluate.to_env_action([2, 0, 0, 0, 0, 0, 1], "dataset")
+    assert a[0] == 1.0 and a[6] == -1.0  # clipped; dataset "open" -> robosuite -1
+    assert evaluate.to_env_action([0] * 6 + [-1], "dataset")[6] == 1.0
+    assert evaluate.to_env_action([0] * 6 + [0.3], "robosuite")[6] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="7 numbers"):
+        evaluate.to_env_action([0, 0, 0])
+    with pytest.raises(ValueError, match="gripper convention"):
+        evaluate.to_env_action([0] * 7, "weird")
+
+
+def test_parse_task_ids_and_max_steps():
+    assert evaluate.parse_task_ids("all") is None and evaluate.parse_task_ids("") is None
+    assert evaluate.parse_task_ids("0-2,5") == [0, 1, 2, 5]
+    assert evaluate.parse_task_ids(3) == [3] and evaluate.parse_task_ids([1, "2"]) == [1, 2]
+    assert evaluate.suite_max_steps("libero_spatial") == 220 and evaluate.suite_max_steps("libero_10") == 520
+    assert evaluate.suite_max_steps("libero_spatial", 30) == 30
+    with pytest.raises(ValueError, match="libero_goal"):
+        evaluate.suite_max_steps("libero_nope")
+
+
+# --- the client loop against a fake env ------------------------------------------------------------
+
+
+class FakeEnv:
+    """Just enough of tutorial_utils.libero_env.LiberoEnv: succeeds once x has moved ``goal``."""
+
+    def __init__(self, task_id, goal=6.0, size=128):
+        self.task_id, self.goal, self.size = task_id, goal, size
+        self.task_language = f"fake task {task_id}"
+        self.num_init_states = 50
+        self.actions, self.priv_calls, self.x = [], 0, 0.0
+
+    class info:  # noqa: N801
+        @staticmethod
+        def to_dict():
+            return {"suite": "libero_spatial", "objects_of_interest": ["bowl", "plate"]}
+
+    def reset(self, init_state=0):
+        self.x, self.actions = 0.0, []
+        return {"x": self.x}
+
+    def step(self, a):
+        self.actions.append(np.asarray(a))
+        self.x += float(a[0])
+        return {"x": self.x}, 0.0, False, {}
+
+    def check_success(self):
+        return self.x >= self.goal
+
+    def images(self, obs):
+        img = np.full((self.size, self.size, 3), int(obs["x"]) % 255, np.uint8)
+        return img, img
+
+    def state_vector(self, obs):
+        return np.full(8, obs["x"], np.float32)
+
+    def privileged_observation(self):
+        self.priv_calls += 1
+        return {"x": self.x}
+
+    def close(self):
+        pass
+
+
+class CountingPolicy(policies.Policy):
+    """Chunks of 4 actions [1, 0.., gripper +1 (dataset: open)]; records what it saw."""
+
+    name = "counting"
+
+    def __init__(self, privileged=False):
+        self.privileged, self.seen = privileged, []
+
+    @property
+    def metadata(self):
+        return {**super().metadata, "image_size": 96, "action_horizon": 4, "replan_steps": 2, "gripper": "dataset",
+                "needs_privileged": self.privileged}
+
+    def infer(self, obs):
+        self.seen.append({k: (v.shape if hasattr(v, "shape") else v) for k, v in obs.items()})
+        a = np.zeros((4, 7), np.float32)
+        a[:, 0] = 1.0
+        a[:, 6] = 1.0
+        return {"actions": a}
+
+
+@pytest.fixture
+def fake_envs(monkeypatch):
+    from tutorial_utils import libero_env
+
+    made = []
+
+    def make_env(suite, task_id, **kw):
+        env = FakeEnv(task_id, goal=6.0 if task_id == 0 else 1e9)
+        made.append(env)
+        return env
+
+    monkeypatch.setattr(libero_env, "make_env", make_env)
+    return made
+
+
+def test_client_loop_with_fake_env(tmp_path, fake_envs, capsys):
+    pol = CountingPolicy()
+    with serving.ServerThread(pol) as srv:
+        cfg = evaluate.EvalConfig(task_ids=[0, 1], trials_per_task=2, port=srv.port, max_steps=12,
+                                  output_dir=str(tmp_path), connect_timeout=5)
+        res = evaluate.run_evaluation(cfg)
+    out = capsys.readouterr().out
+    env0, env1 = fake_envs
+    # settle steps first, then the policy's actions with the gripper flipped to robosuite
+    first = np.array(env0.actions[:10])
+    np.testing.assert_array_equal(first, np.tile([0, 0, 0, 0, 0, 0, -1.0], (10, 1)))
+    assert env0.actions[10][0] == 1.0 and env0.actions[10][6] == -1.0
+    assert len(env0.actions) == 10 + 6  # success after 6 policy steps
+    assert len(env1.actions) == 10 + 12  # max_steps
+    # replan every 2 actions: 3 requests per successful episode, 6 per failed one
+    assert len(pol.seen) == 2 * 3 + 2 * 6
+    assert pol.seen[0]["observation/image"] == (96, 96, 3) and "privileged" not in pol.seen[0]
+    assert env0.priv_calls == 0
+    # documented log lines, parsed back
+    parsed = logs.parse_eval_log(out)
+    assert [t["task"] for t in parsed["tasks"]] == ["fake task 0", "fake task 1"]
+    assert parsed["episodes"] == 4 and parsed["successes"] == 2 and parsed["total_rate"] == 0.5
+    assert out.splitlines()[:2] == ["Task: fake task 0", "Starting episode 1..."]
+    # results.json and videos
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved == json.loads(json.dumps(res)) and saved["finished"] and saved["success_rate"] == 0.5
+    ep = saved["tasks"][0]["episodes"][1]
+    assert ep["success"] and ep["steps"] == 6 and ep["init_state"] == 1 and ep["wall_s"] >= 0
+    assert (tmp_path / ep["video"]).stat().st_size > 0
+    assert saved["tasks"][1]["episodes"][0]["video"].endswith("_failure.mp4")
+    rows = evaluate.results_table(saved)
+    assert rows[0]["success"] == "2/2" and rows[1]["success"] == "0/2"
+
+
+def test_privileged_state_only_when_asked(tmp_path, fake_envs):
+    pol = CountingPolicy(privileged=True)
+    with serving.ServerThread(pol) as srv:
+        cfg = evaluate.EvalConfig(task_ids=[0], port=srv.port, output_dir=str(tmp_path), videos=False, connect_timeout=5)
+        evaluate.run_evaluation(cfg)
+    assert "privileged" in pol.seen[0] and fake_envs[0].priv_calls == len(pol.seen)
+    assert not list(tmp_path.glob("videos/*"))
+
+
+def test_server_stops_mid_evaluation_client_fails_fast(tmp_path, fake_envs):
+    class SlowPolicy(CountingPolicy):
+        def infer(self, obs):
+            time.sleep(0.05)
+            return super().infer(obs)
+
+    srv = serving.ServerThread(SlowPolicy()).start()
+    threading.Timer(0.5, srv.stop).start()
+    cfg = evaluate.EvalConfig(task_ids=[1], trials_per_task=50, port=srv.port, max_steps=200, output_dir=str(tmp_path),
+                              videos=False, connect_timeout=5, recv_timeout=5)
+    t0 = time.monotonic()
+    with pytest.raises(serving.ServerDied):
+        evaluate.run_evaluation(cfg)
+    assert time.monotonic() - t0 < 10
+
+
+def test_client_before_server_and_no_server(tmp_path, fake_envs):
+    cfg = evaluate.EvalConfig(task_ids=[0], port=serving.free_port(), output_dir=str(tmp_path), videos=False,
+                              connect_timeout=1)
+    with pytest.raises(serving.ServerUnavailable, match="could not connect"):
+        evaluate.run_evaluation(cfg)
+
+
+# --- the chain: stages that fail before LIBERO --------------------------------------------------------
+
+
+def test_chain_names_server_stage_when_policy_unavailable(tmp_path):
+    with pytest.raises(evaluate.StageFailed) as exc:
+        evaluate.run_chain(policy="dit4dit", run_dir=tmp_path / "run", server_timeout=60)
+    assert exc.value.stage == "server"
+    assert "GPU checkout" in str(exc.value)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["stage"] == "server" and status["success_signs"]["server running"] is False
+
+
+def test_chain_port_already_in_use(tmp_path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        with pytest.raises(evaluate.StageFailed, match="already in use") as exc:
+            evaluate.run_chain(policy="zero", port=holder.getsockname()[1], run_dir=tmp_path / "run", server_timeout=60)
+        assert exc.value.stage == "server"
+    finally:
+        holder.close()
+
+
+# --- promotion -----------------------------------------------------------------------------------------
+
+
+def test_promote(tmp_path):
+    server_ok = "\n".join([logs.SERVER_RUNNING.format(host="127.0.0.1", port=1), logs.SERVER_LISTENING.format(host="127.0.0.1", port=1),
+                           logs.SERVER_CONNECTION_OPEN]) + "\n"
+
+    def eval_log(finish=True):
+        lines = [logs.EVAL_TASK.format(task="t"), logs.EVAL_STARTING_EPISODE.format(n=1), logs.EVAL_SUCCESS.format(success=True)]
+        return "\n".join(lines + ([logs.EVAL_TOTAL_RATE.format(rate=1.0)] if finish else [])) + "\n"
+
+    run = tmp_path / "run"
+    (run / "videos").mkdir(parents=True)
+    (run / "server.log").write_text(server_ok)
+    (run / "eval_libero_spatial.log").write_text(eval_log())
+    (run / "videos" / "a.mp4").write_bytes(b"fake video")
+    results = {"suite": "libero_spatial", "config": {"output_dir": str(run)},
+               "tasks": [{"task_id": 0, "task": "t", "episodes": [{"success": False, "video": None, "steps": 3, "wall_s": 1},
+                                                                   {"success": True, "video": "videos/a.mp4", "steps": 2, "wall_s": 1}]}]}
+    (run / "results.json").write_text(json.dumps(results))
+    out = evaluate.promote(run, tmp_path / "logs", tmp_path / "assets")
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["eval_libero_spatial.log", "eval_results.json", "eval_server.log"]
+    assert out["video"].read_bytes() == b"fake video" and out["video"].name == "eval_rollout.mp4"
+    (run / "eval_libero_spatial.log").write_text(eval_log(finish=False))
+    with pytest.raises(ValueError, match="success checks"):
+        evaluate.promote(run, tmp_path / "logs2", tmp_path / "assets2")
+
+
+# --- real LIBERO ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.libero
+def test_chain_real_libero_zero_policy(tmp_path):
+    res = evaluate.run_chain(policy="zero", task_ids="0", max_steps=8, run_dir=tmp_path / "run", server_timeout=60,
+                             client_timeout=300)
+    assert res.diagnosis.ok and res.results["total_episodes"] == 1
+    assert (tmp_path / "run" / "server.log").is_file() and (tmp_path / "run" / "eval_libero_spatial.log").is_file()
+    video = tmp_path / "run" / res.results["tasks"][0]["episodes"][0]["video"]
+    assert video.stat().st_size > 0
+
+
+@pytest.mark.libero
+def test_server_killed_mid_real_evaluation(tmp_path):
+    port = serving.free_port()
+    with open(tmp_path / "server.log", "w") as fh:
+        server = subprocess.Popen([sys.executable, "-m", "tutorial_utils", "serve", "--policy", "zero", "--port", str(port)],
+                                  stdout=fh, stderr=subprocess.STDOUT)
+    log = tmp_path / "eval_libero_spatial.log"
+    try:
+        serving.wait_for_health(port=port, timeout=60)
+        with open(log, "w") as fh:
+            client = subprocess.Popen([sys.executable, "-m", "tutorial_utils", "eval", "--port", str(port), "--task-ids", "0",
+                                       "--max-steps", "220", "--output-dir", str(tmp_path), "--no-videos", "--recv-timeout", "20"],
+                                      stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + 240
+        while "Starting episode 1..." not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(3)  # a few policy requests in
+        server.send_signal(signal.SIGKILL)
+        rc = client.wait(60)
+    finally:
+        server.kill()
+    assert rc != 0
+    text = log.read_text()
+    assert "ServerDied" in text and "closed the connection" in text
+    d = logs.diagnose(tmp_path)
+    assert d.failed_stage == "evaluation" and any("ServerDied" in c for c in d.causes)
