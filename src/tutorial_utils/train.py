@@ -81,6 +81,7 @@ class TrainConfig:
     val_fraction: float = _p(0.1, "share of episodes held out for the validation action error "
                                   "(at least one episode when the dataset has two or more)", "data")
     val_samples: int = _p(64, "held-out frames scored at each evaluation (evenly spaced)", "data")
+    data_cache_mb: int = _p(1024, "decoded-video cache per data process, MB (whole episodes are decoded once)", "data")
     # the training platform's parameters
     batch_size: int = _p(8, "samples per step per process (alias per_device_batch_size). 1-32; larger is "
                             "steadier but needs more memory")
@@ -375,7 +376,7 @@ class LeRobotSource:
                 "action_mask": np.asarray(s["action_mask"], bool), "instruction": s["task"]}
 
 
-def open_dataset(root: str | os.PathLike, run_dir: str | os.PathLike | None = None) -> LeRobotSource:
+def open_dataset(root: str | os.PathLike, run_dir: str | os.PathLike | None = None, cache_mb: int = 1024) -> LeRobotSource:
     """Check a dataset is ready for training and open it; statistics go to ``run_dir``."""
     from tutorial_utils import paths
 
@@ -402,7 +403,7 @@ def open_dataset(root: str | os.PathLike, run_dir: str | os.PathLike | None = No
             "dataset_statistics.json)."
         )
     statistics = dataset_statistics(root, run_dir)
-    return LeRobotSource(root, statistics)
+    return LeRobotSource(root, statistics, cache_mb=cache_mb)
 
 
 def dataset_statistics(root: Path, run_dir: str | os.PathLike | None) -> dict:
@@ -675,6 +676,11 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
     cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
     acc = Accelerator(cpu=cpu)
     rank, world, main = acc.process_index, acc.num_processes, acc.is_main_process
+    if world == 1 and os.environ.get("MASTER_ADDR") and os.environ.get("ACCELERATE_USE_CPU") is not None \
+            and "WORLD_SIZE" not in os.environ:
+        print("warning: accelerate launch started ONE process. Without GPUs, `accelerate launch --num_processes N` "
+              "expects mpirun; add --multi_gpu (torchrun with the gloo backend on CPU) to get N processes: "
+              "`accelerate launch --multi_gpu --num_processes 2 -m tutorial_utils train ...`.", file=sys.stderr)
 
     resume_from = None
     if main:
@@ -694,10 +700,10 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
         if not cfg.dataset:
             raise ConfigError("dataset is empty: pass --dataset DIR (alias data_mix) with a LeRobot v2.1 dataset.")
         if main:
-            src = open_dataset(cfg.dataset, run_dir=out)
+            src = open_dataset(cfg.dataset, run_dir=out, cache_mb=cfg.data_cache_mb)
         acc.wait_for_everyone()
         if not main:
-            src = open_dataset(cfg.dataset, run_dir=None)
+            src = open_dataset(cfg.dataset, run_dir=None, cache_mb=cfg.data_cache_mb)
         source = src
     statistics = source.statistics
     train_idx, val_idx, val_eps = split_episodes(source.frame_episode, cfg.val_fraction)

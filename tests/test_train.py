@@ -1,0 +1,291 @@
+"""tutorial_utils.train: config, data order, checkpoints, exact resume, signals, kill -9, DDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tutorial_utils import policy as P
+from tutorial_utils import train as T
+from tutorial_utils.logs import parse_train_log
+
+torch.set_num_threads(1)
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+TINY = dict(image_size=32, model_dim=32, num_heads=2, action_depth=1, language_layers=0, num_workers=0,
+            scheduler_warmup_steps=2, progress=False, val_samples=16)
+
+
+def cfg(tmp_path, name="run", **kw) -> T.TrainConfig:
+    return T.TrainConfig.from_overrides({**TINY, "output_dir": str(tmp_path / name), **kw})
+
+
+@pytest.fixture(scope="module")
+def source():
+    return T.synthetic_source(n_episodes=5, length=16, image_size=32)
+
+
+# --- config -------------------------------------------------------------------------------------
+
+
+def test_parameters_and_aliases():
+    c = T.TrainConfig.from_overrides(["per_device_batch_size=4", "trainer.max_train_steps=20", "save_interval=7",
+                                      "eval_interval=5", "logging_frequency=1", "freeze_modules=backbone",
+                                      "save_checkpoint=false", "optimizer_lr=3e-4", "optimizer_betas=0.9,0.99"])
+    assert (c.batch_size, c.steps, c.save_freq, c.eval_freq, c.log_freq) == (4, 20, 7, 5, 1)
+    assert c.freeze_list == ["backbone"] and c.save_checkpoint is False and c.optimizer_lr == 3e-4
+    assert c.optimizer_betas == (0.9, 0.99)
+    table = T.parameters_table()
+    for name in ("batch_size", "steps", "seed", "num_workers", "eval_freq", "log_freq", "save_freq", "save_checkpoint",
+                 "optimizer_lr", "optimizer_weight_decay", "optimizer_grad_clip_norm", "scheduler_warmup_steps",
+                 "scheduler_decay_steps", "data_mix", "per_device_batch_size", "pretrained_checkpoint",
+                 "freeze_modules", "max_train_steps", "save_interval", "eval_interval", "logging_frequency"):
+        assert f"`{name}`" in table
+
+
+def test_unknown_parameter_is_a_clear_error():
+    with pytest.raises(T.ConfigError, match="unknown training parameter 'batchsize'.*Did you mean batch_size"):
+        T.TrainConfig.from_overrides({"batchsize": 2})
+    with pytest.raises(T.ConfigError, match="expected int"):
+        T.TrainConfig.from_overrides({"steps": "many"})
+    with pytest.raises(T.ConfigError, match="given twice"):
+        T.TrainConfig.from_overrides({"steps": 2, "max_train_steps": 3})
+    with pytest.raises(T.ConfigError, match="key=value"):
+        T.parse_overrides(["steps"])
+    assert T.main(["--output-dir", "/tmp/x", "bogus=1"]) == 2
+
+
+def test_unknown_module_in_freeze_modules(tmp_path, source):
+    with pytest.raises(T.ConfigError, match="unknown module.*backbone_interface.*backbone.language_encoder"):
+        T.train(cfg(tmp_path, steps=1, freeze_modules="backbone_interface"), source=source)
+    with pytest.raises(T.ConfigError, match="freezes every parameter"):
+        T.train(cfg(tmp_path, "b", steps=1, freeze_modules="backbone,action_model"), source=source)
+
+
+def test_lr_schedule():
+    c = T.TrainConfig.from_overrides({"steps": 100, "scheduler_warmup_steps": 10, "scheduler_decay_steps": 80,
+                                      "optimizer_lr": 1e-4, "scheduler_decay_lr": 1e-5})
+    f = [T.lr_factor(s, c) for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert f[10] == pytest.approx(1.0) and f[90] == pytest.approx(0.1) and f[99] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(f[10:], f[11:]))
+
+
+def test_data_order_is_a_function_of_seed_and_step_and_ranks_split_the_global_batch():
+    idx = np.arange(10, 33)
+    one = T.StepBatchSampler(idx, 4, 12, seed=3)
+    batches = list(one)
+    assert list(T.StepBatchSampler(idx, 4, 12, seed=3, start=5)) == batches[5:]
+    seen = [i for b in batches[:6] for i in b]
+    assert sorted(seen[:23]) == list(idx)  # first epoch covers every frame once
+    r0, r1 = (T.StepBatchSampler(idx, 2, 12, seed=3, rank=r, world=2) for r in (0, 1))
+    assert [a + b for a, b in zip(r0, r1)] == batches
+
+
+# --- training runs ------------------------------------------------------------------------------
+
+
+def test_train_writes_a_self_describing_run(tmp_path, source, monkeypatch):
+    monkeypatch.delenv("KEEP_FINAL_MODEL", raising=False)
+    res = T.train(cfg(tmp_path, steps=6, batch_size=2, log_freq=1, eval_freq=3, save_freq=3, freeze_modules="backbone"),
+                  source=source)
+    out = res.output_dir
+    for f in ("train_config.json", "dataset_statistics.json", "train.log", "metrics.jsonl", "summary.json"):
+        assert (out / f).is_file(), f
+    log = parse_train_log(out / "train.log")
+    assert log["total_params"] == res.summary["parameters"]["total"] > log["trainable_params"] > 0
+    assert log["frozen_params"] > 0 and log["total_steps"] == 6 and [s["step"] for s in log["steps"]] == [1, 2, 3, 4, 5, 6]
+    assert "action_dit_loss" in log["steps"][0]["losses"] and log["final_model"].endswith("final_model")
+    text = (out / "train.log").read_text()
+    assert "Removed final_model" in text and not (out / "final_model").exists()
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    train_rows = [r for r in rows if "loss" in r]
+    val_rows = [r for r in rows if "val_action_mae" in r]
+    assert len(train_rows) == 6 and {"lr", "grad_norm", "samples_per_s", "data_wait_share"} <= set(train_rows[0])
+    assert [r["step"] for r in val_rows] == [3, 6]
+    ck = out / "checkpoints"
+    assert (ck / "last").is_symlink() and (ck / "last").resolve().name == "step_000006"
+    assert (ck / "step_000003").is_dir() and (ck / "best").is_dir()
+    pol = P.load_policy(ck / "best")
+    assert pol.predict_action(np.zeros((32, 32, 3), np.uint8), np.zeros((32, 32, 3), np.uint8), np.zeros(8), "x").shape == (8, 7)
+    # the frozen backbone did not move
+    torch.manual_seed(1000)  # the default seed: train() builds the policy right after seeding
+    init = P.MiniPolicy(T.TrainConfig.from_overrides({**TINY}).policy_config(), source.statistics)
+    last = P.load_policy(ck / "last")
+    for (n, a), (_, b) in zip(init.backbone.state_dict().items(), last.backbone.state_dict().items()):
+        assert torch.equal(a, b), n
+    # a second run into the same directory is refused; nothing is overwritten
+    with pytest.raises(T.ConfigError, match="resume=true"):
+        T.train(cfg(tmp_path, steps=6), source=source)
+
+
+def test_keep_final_model(tmp_path, source, monkeypatch):
+    monkeypatch.setenv("KEEP_FINAL_MODEL", "1")
+    res = T.train(cfg(tmp_path, steps=2, batch_size=1, save_checkpoint=False), source=source)
+    assert (res.output_dir / "final_model" / "model.safetensors").is_file()
+    assert not (res.output_dir / "checkpoints").exists()
+    P.load_policy(res.output_dir / "final_model")
+
+
+def test_resume_is_exact(tmp_path, source):
+    kw = dict(steps=8, batch_size=3, log_freq=1, eval_freq=0, save_freq=100, seed=5)
+    full = T.train(cfg(tmp_path, "full", **kw), source=source)
+
+    def stop_at_4(step, loss):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler finishes the step, saves and stops
+
+    part = T.train(cfg(tmp_path, "part", **kw), source=source, on_step=stop_at_4)
+    assert part.stopped_by == "SIGTERM" and part.steps_done == 4
+    assert (tmp_path / "part/checkpoints/last").resolve().name == "step_000004"
+    rest = T.train(cfg(tmp_path, "part", resume=True, **kw), source=source)
+    assert [s for s, _ in rest.losses] == [5, 6, 7, 8]
+    assert part.losses + rest.losses == full.losses  # bit-identical
+    rows = [json.loads(x) for x in (tmp_path / "part/metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert [r["loss"] for r in rows] == [v for _, v in full.losses]
+    a = P.load_policy(tmp_path / "full/checkpoints/last")
+    b = P.load_policy(tmp_path / "part/checkpoints/last")
+    for (n, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        assert torch.equal(x, y), n
+
+
+def test_pretrained_checkpoint_from_a_different_config(tmp_path, source):
+    res = T.train(cfg(tmp_path, steps=1, batch_size=1), source=source)
+    ck = res.output_dir / "checkpoints" / "last"
+    T.train(cfg(tmp_path, "ft", steps=1, batch_size=1, pretrained_checkpoint=str(ck)), source=source)
+    with pytest.raises(P.CheckpointError, match="different model config"):
+        T.train(cfg(tmp_path, "bad", steps=1, model_dim=64, pretrained_checkpoint=str(ck)), source=source)
+
+
+# --- datasets -----------------------------------------------------------------------------------
+
+
+def test_dataset_without_modality_or_statistics(tmp_path):
+    root = tmp_path / "ds"
+    with pytest.raises(T.DatasetNotReady, match="not a LeRobot v2.1 dataset.*dataset generate"):
+        T.open_dataset(root)
+    (root / "meta").mkdir(parents=True)
+    (root / "meta" / "info.json").write_text("{}")
+    with pytest.raises(T.DatasetNotReady, match="modality.json is missing.*write_modality"):
+        T.open_dataset(root)
+    (root / "meta" / "modality.json").write_text("{}")
+    with pytest.raises(T.DatasetNotReady, match="stats_gr00t.json is missing.*tutorial_utils dataset stats"):
+        T.open_dataset(root)
+    assert T.main(["--dataset", str(root), "--output-dir", str(tmp_path / "out"), "steps=1"]) == 2
+
+
+def test_two_step_smoke_test_on_a_lerobot_dataset(tmp_path, capsys):
+    """The smoke test of the chapter: steps 2, batch 1, on a real v2.1 dataset through the CLI."""
+    synth = pytest.importorskip("tutorial_utils.synth")
+    stats = pytest.importorskip("tutorial_utils.stats")
+    modality = pytest.importorskip("tutorial_utils.modality")
+    root = synth.generate_dataset(tmp_path / "ds", n_episodes=3, mean_length=12, image_size=32)
+    modality.write_modality(root)
+    stats.compute_all(root)
+    out = tmp_path / "run"
+    rc = T.main(["--dataset", str(root), "--output-dir", str(out), "steps=2", "batch_size=1", "logging_frequency=1",
+                 "image_size=32", "model_dim=32", "num_heads=2", "action_depth=1", "num_workers=0", "progress=false"])
+    assert rc == 0
+    log = parse_train_log(out / "train.log")
+    assert [s["step"] for s in log["steps"]] == [1, 2] and log["final_model"]
+    assert (out / "dataset_statistics.json").is_file()
+
+
+# --- processes: SIGTERM, kill -9, accelerate ------------------------------------------------------
+
+SCRIPT = textwrap.dedent("""
+    import sys, json, torch
+    torch.set_num_threads(1)
+    from tutorial_utils import train as T
+    src = T.synthetic_source(n_episodes=5, length=16, image_size=32)
+    kv = json.loads(sys.argv[1])
+    res = T.train(T.TrainConfig.from_overrides(kv), source=src)
+    sys.exit(128 + 15 if res.stopped_by == "SIGTERM" else 0)
+""")
+
+
+def _script(tmp_path) -> Path:
+    p = tmp_path / "run_train.py"
+    p.write_text(SCRIPT)
+    return p
+
+
+def _wait_for(pred, timeout=60.0, proc=None):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return pred()
+        time.sleep(0.05)
+    return False
+
+
+def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    kv = {**TINY, "output_dir": str(out), "steps": 100000, "batch_size": 1, "log_freq": 1, "eval_freq": 0, "save_freq": 0}
+    proc = subprocess.Popen([PY, str(_script(tmp_path)), json.dumps(kv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert _wait_for(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size > 0, proc=proc)
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, stdout
+    assert "Training stopped by SIGTERM" in stdout and "resume=true" in stdout
+    state = json.loads((out / "checkpoints/last/training_state.json").read_text())
+    assert 0 < state["step"] < 100000 and state["reason"] == "SIGTERM"
+    P.load_policy(out / "checkpoints/last")
+
+
+def test_kill_9_during_a_checkpoint_write_keeps_the_previous_last(tmp_path, source):
+    out = tmp_path / "run"
+    kv = {**TINY, "output_dir": str(out), "steps": 100000, "batch_size": 1, "log_freq": 0, "eval_freq": 0, "save_freq": 2}
+    env = {**os.environ, "TUTORIAL_TRAIN_SAVE_DELAY": "1.0"}
+    proc = subprocess.Popen([PY, str(_script(tmp_path)), json.dumps(kv)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ck = out / "checkpoints"
+    try:
+        assert _wait_for(lambda: (ck / "last").exists(), proc=proc)  # the first save is complete
+        assert _wait_for(lambda: any(p.name.startswith(".step_000004") for p in ck.iterdir()), proc=proc)  # second one mid-write
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert (ck / "last").resolve().name == "step_000002" and not (ck / "step_000004").exists()
+    P.load_policy(ck / "last")
+    res = T.train(T.TrainConfig.from_overrides({**kv, "steps": 4, "resume": True}), source=source)
+    assert res.summary["start_step"] == 2 and res.steps_done == 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_accelerate_launch_two_processes(tmp_path):
+    out = tmp_path / "run"
+    kv = {**TINY, "output_dir": str(out), "steps": 4, "batch_size": 2, "log_freq": 1, "eval_freq": 2, "save_freq": 2}
+    accelerate = Path(PY).with_name("accelerate")
+    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(_script(tmp_path)), json.dumps(kv)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps_done"] == 4
+    log = parse_train_log(out / "train.log")
+    assert [s["step"] for s in log["steps"]] == [1, 2, 3, 4] and log["final_model"]
+    assert r.stdout.count("Training complete") == 1  # only the main process logs
+    P.load_policy(out / "checkpoints/last")
