@@ -25,7 +25,8 @@ episode, and one mp4 per episode.
 and raises :class:`StageFailed` naming the stage that failed. :func:`promote` copies a run's
 real logs, results and one video into ``logs/`` and ``assets/`` for the book.
 
-CLI (the client process): ``python -m tutorial_utils eval --port 8000 --suite libero_spatial``.
+CLI (the client process): ``python -m tutorial_utils eval --port 8000 --suite libero_spatial``;
+``python -m tutorial_utils eval promote RUN_DIR`` promotes a finished run.
 """
 
 from __future__ import annotations
@@ -489,6 +490,19 @@ def results_table(results: dict) -> list[dict]:
 def main(argv: list[str]) -> int:
     from tutorial_utils import serving
 
+    if argv[:1] == ["promote"]:
+        pp = argparse.ArgumentParser(prog="python -m tutorial_utils eval promote",
+                                     description="Copy a finished evaluation run's logs, results and one video into logs/ and assets/.")
+        pp.add_argument("run_dir")
+        args = pp.parse_args(argv[1:])
+        try:
+            done = promote(args.run_dir)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        for key, path in done.items():
+            print(f"{key}: {path}")
+        return 0
     ap = argparse.ArgumentParser(prog="python -m tutorial_utils eval", description="Run the LIBERO evaluation client against a policy server.")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=serving.DEFAULT_PORT)
