@@ -388,7 +388,6 @@ class PolicyServer:
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        logger.info(_logs.SERVER_RUNNING.format(host=self.host, port=self.port))
         try:
             server = await serve(
                 self._handler, self.host, self.port, compression=None, max_size=None,
@@ -399,6 +398,7 @@ class PolicyServer:
                 raise _port_in_use_error(self.host, self.port) from None
             raise
         self.port = server.sockets[0].getsockname()[1]
+        logger.info(_logs.SERVER_RUNNING.format(host=self.host, port=self.port))
         self.ready.set()
         try:
             await self._stop.wait()
