@@ -350,26 +350,29 @@ def _diagnose_train(d: Diagnosis, train_log: _Path) -> None:
                  "last_total_loss": (tr["steps"][-1]["losses"].get("total_loss") if tr["steps"] else None),
                  "final_model": tr["final_model"]}
     errs = [f"error in the log: {e}" for e in tr["errors"][-2:]]
-    if not d.signs["parameters counted"]:
-        d.failed_stage = "model setup"
-        d.causes = errs + [
-            "the config did not load: pass --config_yaml (the default is the placeholder xxx.yaml) and run from the repo root",
-            "wandb.init needs an account: set WANDB_MODE=offline",
-            "the backbone weights were not downloaded (gated model: accept the licence and set HF_TOKEN)",
-        ]
-    elif not d.signs["first loss line"]:
-        d.failed_stage = "data loading"
-        d.causes = errs + [
-            "the data mixture is unknown (libero_spatial_only does not exist upstream: register a mixture entry)",
-            "the dataset path or meta files (modality.json, stats) are missing or invalid",
-            "the loss is printed every trainer.logging_frequency steps: a 2-step run needs --trainer.logging_frequency 1",
-        ]
-    elif not d.signs["training complete"]:
-        d.failed_stage = "training"
-        d.causes = errs + [
-            "the run was killed or crashed mid-training (out of memory, disk full while saving a checkpoint)",
-            "it is still running: check the process and the newest checkpoint",
-        ]
+    for sign, stage, causes in _TRAIN_STAGES:
+        if not d.signs[sign]:
+            d.failed_stage, d.causes = stage, errs + list(causes)
+            break
+
+
+#: (missing sign, stage that failed, likely causes) of a training run, in order.
+_TRAIN_STAGES = (
+    ("parameters counted", "model setup", (
+        "the config did not load: pass --config_yaml (the default is the placeholder xxx.yaml) and run from the repo root",
+        "wandb.init needs an account: set WANDB_MODE=offline",
+        "the backbone weights were not downloaded (gated model: accept the licence and set HF_TOKEN)",
+    )),
+    ("first loss line", "data loading", (
+        "the data mixture is unknown (libero_spatial_only does not exist upstream: register a mixture entry)",
+        "the dataset path or meta files (modality.json, stats) are missing or invalid",
+        "the loss is printed every trainer.logging_frequency steps: a 2-step run needs --trainer.logging_frequency 1",
+    )),
+    ("training complete", "training", (
+        "the run was killed or crashed mid-training (out of memory, disk full while saving a checkpoint)",
+        "it is still running: check the process and the newest checkpoint",
+    )),
+)
 
 
 def diagnose(run_dir: "str | _os.PathLike | None" = None, *, server_log: "str | _os.PathLike | None" = None,
