@@ -1,0 +1,374 @@
+"""Record LIBERO demonstrations with the scripted expert into a LeRobot v2.1 dataset.
+
+One *item* is a (task id, init state) pair. A worker process solves it headless with the
+expert (:func:`tutorial_utils.expert.solve`, ~30 ms a step), then replays the successful
+action sequence once in a rendering env (same render profile as evaluation) to take the
+images, and drops no-op actions (:func:`tutorial_utils.libero_env.is_noop`: no arm motion and
+an unchanged gripper command, as in the ``no_noops`` datasets; the settle steps are no-ops).
+Only successful episodes are written; actions are stored in the dataset convention
+(gripper ``1`` open, ``-1`` close), images flipped 180 degrees as in the IPEC data.
+
+The main process writes episodes in plan order through :class:`tutorial_utils.lerobot.LeRobotWriter`.
+Resumability: before an episode is handed to the writer, its item is recorded as the intent
+for that episode index in ``meta/record_manifest.json``; the writer's ``meta/episodes.jsonl``
+is the commit point. On restart, intents beyond the committed episodes are dropped, the
+writer removes half-written files, and the remaining items are recorded: no duplicated and
+no half-written episode. A folder holding another dataset (other features, fps, suite,
+image size or render profile) is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from tutorial_utils.io import atomic_write_json
+
+MANIFEST = "meta/record_manifest.json"
+FPS = 20  # LIBERO's control frequency (the IPEC datasets' fps)
+
+
+class RecordError(ValueError):
+    """Bad recording input or an output folder that cannot be used."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordConfig:
+    suite: str = "libero_spatial"
+    task_ids: tuple = tuple(range(10))
+    episodes_per_task: int = 5
+    init_state_offset: int = 0
+    image_size: int = 128
+    render_profile: str = "fast"
+    seed: int = 7
+    attempts: int = 4
+
+    def identity(self) -> dict:
+        """What makes two recordings the same dataset (resuming needs these to match)."""
+        return {"suite": self.suite, "image_size": int(self.image_size), "render_profile": self.render_profile}
+
+    def items(self) -> list[tuple[int, int]]:
+        return [(int(t), int(self.init_state_offset) + k) for t in self.task_ids for k in range(int(self.episodes_per_task))]
+
+
+# --- one episode (runs in a worker) ------------------------------------------------------------
+
+_ENV_CACHE: dict = {}
+
+
+def _cached_env(key: tuple, make: Callable):
+    if key not in _ENV_CACHE:
+        # keep at most one task's envs per worker (memory: ~1 GB headless, ~2 GB rendering)
+        for k in [k for k in _ENV_CACHE if k[1] != key[1]]:
+            _ENV_CACHE.pop(k).close()
+        _ENV_CACHE[key] = make()
+    return _ENV_CACHE[key]
+
+
+def replay(env, actions: np.ndarray) -> tuple[dict[str, np.ndarray], bool, int]:
+    """Replay robosuite ``actions`` after the settle steps in a rendering env; keep non-no-op frames.
+
+    Returns (frames for the writer, success, number of no-op actions dropped).
+    """
+    from tutorial_utils import libero_env as le
+
+    obs = env.reset()
+    prev = None
+    for _ in range(le.NUM_STEPS_WAIT):
+        obs, *_ = env.step(le.SETTLE_ACTION)
+        prev = le.SETTLE_ACTION
+    states, acts, prim, wrist = [], [], [], []
+    dropped = 0
+    success = False
+    for a in actions:
+        if le.is_noop(a, prev):
+            dropped += 1
+        else:
+            p, w = le.policy_images(obs)
+            states.append(le.state_vector(obs))
+            acts.append(le.env_action_to_dataset(a))
+            prim.append(p)
+            wrist.append(w)
+        prev = a
+        obs, *_ = env.step(a)
+        if env.check_success():
+            success = True
+            break
+    frames = {
+        "observation.state": np.asarray(states, dtype=np.float32).reshape(-1, 8),
+        "action": np.asarray(acts, dtype=np.float32).reshape(-1, 7),
+        "observation.images.image": np.asarray(prim, dtype=np.uint8),
+        "observation.images.wrist_image": np.asarray(wrist, dtype=np.uint8),
+    }
+    return frames, success, dropped
+
+
+def record_item(cfg: RecordConfig, item: tuple[int, int]) -> dict:
+    """Solve one (task, init state) headless, replay it with cameras. Runs in a worker."""
+    from tutorial_utils import expert as ex
+    from tutorial_utils import libero_env as le
+
+    task_id, init = item
+    t0 = time.time()
+    headless = _cached_env(("headless", task_id), lambda: le.make_env(cfg.suite, task_id, init, cameras=False))
+    headless.reset(init)
+    found = ex.solve(headless, attempts=cfg.attempts)
+    t1 = time.time()
+    out = {"task_id": task_id, "init_state": init, "task": headless.task_language, "success": bool(found.success),
+           "attempt": int(found.attempt), "expert_steps": int(found.steps), "search_s": round(t1 - t0, 2)}
+    if not found.success:
+        return out
+    cam = _cached_env(("camera", task_id), lambda: le.make_env(cfg.suite, task_id, init, image_size=cfg.image_size,
+                                                               render_profile=cfg.render_profile))
+    cam.reset(init)
+    frames, ok, dropped = replay(cam, found.actions)
+    if not ok:  # the replay diverged (should not happen: MuJoCo is deterministic): run closed loop
+        res = ex.run_episode(cam, attempt=found.attempt)
+        frames, ok, dropped = replay(cam, res.actions) if res.success else (frames, False, dropped)
+    out.update(success=bool(ok), frames=frames if ok else None, noops_dropped=int(dropped),
+               length=int(len(frames["action"])), replay_s=round(time.time() - t1, 2))
+    return out
+
+
+# --- the manifest -------------------------------------------------------------------------------
+
+
+def _read_manifest(root: Path) -> dict | None:
+    path = root / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}: not valid JSON ({exc.msg}); delete the output folder or choose another "
+                          "`output_dir`") from None
+
+
+def check_output_dir(root: Path, cfg: RecordConfig) -> dict | None:
+    """Refuse a folder that holds something else than this recording; return its manifest."""
+    root = Path(root)
+    man = _read_manifest(root)
+    info = root / "meta" / "info.json"
+    if man is None:
+        if info.is_file() and not _empty_dataset(root):
+            raise RecordError(f"{root} already holds a LeRobot dataset that this recorder did not write "
+                              f"({MANIFEST} is missing): refusing to mix episodes. Choose another `output_dir`.")
+        return None
+    ours, theirs = cfg.identity(), man.get("identity", {})
+    if ours != theirs:
+        diff = {k: (theirs.get(k), ours[k]) for k in ours if theirs.get(k) != ours[k]}
+        raise RecordError(f"{root / MANIFEST}: this folder holds a different recording ({', '.join(f'{k}: {a!r} there, {b!r} asked' for k, (a, b) in diff.items())}); "
+                          "refusing to mix. Choose another `output_dir`, or the same parameters to resume.")
+    return man
+
+
+def _empty_dataset(root: Path) -> bool:
+    """A dataset folder with no committed episode (a recording killed before its first one)."""
+    try:
+        info = json.loads((root / "meta" / "info.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    ep = root / "meta" / "episodes.jsonl"
+    return int(info.get("total_episodes", 0)) == 0 and (not ep.is_file() or not ep.read_text().strip())
+
+
+# --- the job ------------------------------------------------------------------------------------
+
+
+def _pool_map(fn, cfg, items, workers: int) -> Iterable[dict]:
+    if workers <= 1 or len(items) <= 1:
+        for it in items:
+            yield fn(cfg, it)
+        return
+    import functools
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(processes=workers, maxtasksperchild=None) as pool:
+        yield from pool.imap(functools.partial(fn, cfg), items, chunksize=1)
+
+
+def record(output_dir: str | os.PathLike, cfg: RecordConfig, workers: int = 1, progress: bool = True,
+           episode_fn: Callable[[RecordConfig, tuple], dict] | None = None, log: Callable[[str], None] | None = print) -> dict:
+    """Record ``cfg.items()`` into ``output_dir`` (resuming what is there). Returns a summary.
+
+    ``episode_fn(cfg, item) -> dict`` (default :func:`record_item`, a picklable top-level
+    function) gives ``{"success", "task", "frames", ...}`` per item.
+    """
+    from tutorial_utils.lerobot import LeRobotWriter, libero_features
+
+    if int(cfg.episodes_per_task) < 1:
+        raise RecordError(f"episodes_per_task must be >= 1, got {cfg.episodes_per_task}")
+    if cfg.suite and episode_fn is None:
+        from tutorial_utils import libero_env as le
+
+        for t in cfg.task_ids:  # unknown suite/task or init state out of range: fail before any work
+            info = le.task_info(cfg.suite, t)
+            last = int(cfg.init_state_offset) + int(cfg.episodes_per_task) - 1
+            if int(cfg.init_state_offset) < 0 or last >= info.num_init_states:
+                raise RecordError(f"init states {cfg.init_state_offset}..{last} are out of range for {cfg.suite} task {t}: "
+                                  f"it has {info.num_init_states} (parameters `init_state_offset`, `episodes_per_task`).")
+        if cfg.render_profile not in le.RENDER_PROFILES:
+            raise RecordError(f"unknown render_profile {cfg.render_profile!r}: use one of {le.RENDER_PROFILES}")
+    root = Path(output_dir)
+    man = check_output_dir(root, cfg)
+    t0 = time.time()
+    writer = LeRobotWriter(root, features=libero_features(cfg.image_size), fps=FPS, robot_type="franka")
+    committed = writer.num_episodes
+    man = man or {"identity": cfg.identity(), "episodes": [], "failed": []}
+    man["identity"] = cfg.identity()
+    man["config"] = dataclasses.asdict(cfg)
+    man["episodes"] = [e for e in man.get("episodes", []) if e["episode_index"] < committed]
+    if len(man["episodes"]) != committed:
+        raise RecordError(f"{root / MANIFEST} lists {len(man['episodes'])} episodes but meta/episodes.jsonl has "
+                          f"{committed}: the folder was changed by hand. Choose another `output_dir`.")
+    done = {(e["task_id"], e["init_state"]) for e in man["episodes"]} | {(f["task_id"], f["init_state"]) for f in man.get("failed", [])}
+    todo = [it for it in cfg.items() if tuple(it) not in done]
+    atomic_write_json(root / MANIFEST, man)
+    if log and committed:
+        log(f"resuming {root}: {committed} episodes already written, {len(todo)} items left")
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(cfg.items()), initial=len(cfg.items()) - len(todo), desc="episodes", unit="ep")
+    fn = episode_fn or record_item
+    new = 0
+    try:
+        for res in _pool_map(fn, cfg, todo, workers):
+            entry = {k: v for k, v in res.items() if k != "frames"}
+            if res.get("success") and res.get("frames") is not None:
+                entry["episode_index"] = writer.num_episodes
+                man["episodes"].append(entry)
+                atomic_write_json(root / MANIFEST, man)  # intent first; episodes.jsonl commits
+                writer.add_episode(res["frames"], task=res["task"])
+                new += 1
+            else:
+                man.setdefault("failed", []).append(entry)
+                atomic_write_json(root / MANIFEST, man)
+                if log:
+                    log(f"expert failed on task {res['task_id']} init {res['init_state']}: skipped")
+            if bar is not None:
+                bar.update(1)
+    except BaseException:
+        # the episode being written when this happened is not committed: drop its intent
+        man["episodes"] = [e for e in man["episodes"] if e["episode_index"] < writer.num_episodes]
+        atomic_write_json(root / MANIFEST, man)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    writer.finalize()
+    wall = time.time() - t0
+    lengths = [e["length"] for e in man["episodes"]]
+    summary = {
+        "output_dir": str(root), "episodes": writer.num_episodes, "frames": writer.num_frames, "new_episodes": new,
+        "failed": len(man.get("failed", [])), "items": len(cfg.items()),
+        "success_rate": len(man["episodes"]) / max(1, len(man["episodes"]) + len(man.get("failed", []))),
+        "mean_length": float(np.mean(lengths)) if lengths else 0.0,
+        "noops_dropped": int(sum(e.get("noops_dropped", 0) for e in man["episodes"])),
+        "wall_s": round(wall, 1), "workers": workers,
+    }
+    man["summary"] = summary
+    atomic_write_json(root / MANIFEST, man)
+    return summary
+
+
+def write_metadata(root: str | os.PathLike) -> dict:
+    """meta/modality.json and statistics through ``tutorial_utils.modality`` / ``tutorial_utils.stats``.
+
+    Returns what was written; a module that does not exist yet is reported, not faked.
+    """
+    out: dict[str, Any] = {}
+    try:
+        from tutorial_utils import modality  # noqa: F401
+    except ImportError:
+        out["modality"] = "tutorial_utils.modality is missing: meta/modality.json not written"
+    else:
+        out["modality"] = _call_first(modality, ("write_libero_modality", "write_modality", "write"), root)
+    try:
+        from tutorial_utils import stats  # noqa: F401
+    except ImportError:
+        out["stats"] = "tutorial_utils.stats is missing: stats_gr00t.json not written"
+    else:
+        out["stats"] = _call_first(stats, ("write_stats", "compute_stats", "write"), root)
+    return out
+
+
+def _call_first(module, names: tuple, root) -> Any:
+    for n in names:
+        fn = getattr(module, n, None)
+        if callable(fn):
+            return str(fn(root))
+    return f"{module.__name__} has none of {names}"
+
+
+# --- promotion into the book -------------------------------------------------------------------
+
+
+def promote_episode(dataset_root: str | os.PathLike, episode_index: int = 0, assets_dir: str | os.PathLike | None = None,
+                    prefix: str = "record_episode", max_kb: int = 600) -> dict:
+    """Copy one recorded episode's primary and wrist mp4 into ``assets/`` (small, h264) plus a JSON card."""
+    import shutil
+
+    from tutorial_utils import paths
+    from tutorial_utils.io import atomic_path
+
+    root = Path(dataset_root)
+    assets = Path(assets_dir) if assets_dir else paths.ASSETS
+    info = json.loads((root / "meta" / "info.json").read_text())
+    episodes = [json.loads(x) for x in (root / "meta" / "episodes.jsonl").read_text().splitlines() if x.strip()]
+    if not 0 <= episode_index < len(episodes):
+        raise RecordError(f"{root}: episode {episode_index} does not exist (it has {len(episodes)})")
+    out = {"episode_index": episode_index, "task": episodes[episode_index]["tasks"][0],
+           "length": episodes[episode_index]["length"], "fps": info["fps"]}
+    chunk = episode_index // int(info.get("chunks_size", 1000))
+    for key, name in (("observation.images.image", "primary"), ("observation.images.wrist_image", "wrist")):
+        src = root / info["video_path"].format(episode_chunk=chunk, video_key=key, episode_index=episode_index)
+        size_kb = src.stat().st_size / 1024
+        if size_kb > max_kb:
+            raise RecordError(f"{src} is {size_kb:.0f} KB (> {max_kb} KB): promote a shorter or smaller episode")
+        dst = assets / f"{prefix}_{name}.mp4"
+        with atomic_path(dst) as tmp:
+            shutil.copyfile(src, tmp)
+        out[name] = dst.name
+        out[f"{name}_kb"] = round(size_kb, 1)
+    man = _read_manifest(root)
+    if man:
+        e = next((e for e in man["episodes"] if e["episode_index"] == episode_index), None)
+        if e:
+            out.update(task_id=e["task_id"], init_state=e["init_state"], noops_dropped=e.get("noops_dropped"))
+        out["identity"] = man.get("identity")
+    atomic_write_json(assets / f"{prefix}.json", out)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tutorial_utils.record OUTPUT_DIR [--tasks 0,1] [--episodes 5] [--workers 2] ...``"""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m tutorial_utils.record")
+    p.add_argument("output_dir")
+    p.add_argument("--suite", default="libero_spatial")
+    p.add_argument("--tasks", default="0,1,2,3,4,5,6,7,8,9")
+    p.add_argument("--episodes", type=int, default=5)
+    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--image-size", type=int, default=128)
+    p.add_argument("--render-profile", default="fast")
+    p.add_argument("--workers", type=int, default=1)
+    a = p.parse_args(argv)
+    cfg = RecordConfig(a.suite, tuple(int(x) for x in a.tasks.split(",")), a.episodes, a.offset, a.image_size, a.render_profile)
+    print(json.dumps(record(a.output_dir, cfg, workers=a.workers)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,198 @@
+"""The recording job: resume, refusal of another dataset, failures midway, and one real episode."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from tutorial_utils import record as rec
+
+SIZE = 32
+
+
+def fake_item(cfg, item):
+    """A stand-in for the expert: a short random episode per (task, init) item."""
+    task_id, init = item
+    rng = np.random.default_rng(task_id * 100 + init)
+    t = 5 + init
+    frames = {
+        "observation.state": rng.normal(size=(t, 8)).astype(np.float32),
+        "action": rng.uniform(-1, 1, size=(t, 7)).astype(np.float32),
+        "observation.images.image": rng.integers(0, 255, size=(t, SIZE, SIZE, 3), dtype=np.uint8),
+        "observation.images.wrist_image": rng.integers(0, 255, size=(t, SIZE, SIZE, 3), dtype=np.uint8),
+    }
+    return {"task_id": task_id, "init_state": init, "task": f"task {task_id}", "success": init != 99,
+            "frames": frames, "length": t, "noops_dropped": 0}
+
+
+def cfg(**kw):
+    base = dict(suite="libero_spatial", task_ids=(0, 1), episodes_per_task=2, image_size=SIZE)
+    base.update(kw)
+    return rec.RecordConfig(**base)
+
+
+def episodes(root):
+    return [json.loads(x) for x in (root / "meta" / "episodes.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_record_and_resume_without_duplicates(tmp_path):
+    root = tmp_path / "ds"
+    s = rec.record(root, cfg(), episode_fn=fake_item, progress=False, log=None)
+    assert s["episodes"] == 4 and s["new_episodes"] == 4
+    s2 = rec.record(root, cfg(), episode_fn=fake_item, progress=False, log=None)
+    assert s2["episodes"] == 4 and s2["new_episodes"] == 0
+    s3 = rec.record(root, cfg(episodes_per_task=3), episode_fn=fake_item, progress=False, log=None)
+    assert s3["episodes"] == 6 and s3["new_episodes"] == 2
+    man = json.loads((root / rec.MANIFEST).read_text())
+    pairs = [(e["task_id"], e["init_state"]) for e in man["episodes"]]
+    assert len(pairs) == len(set(pairs)) == 6
+    assert [e["length"] for e in episodes(root)] == [e["length"] for e in man["episodes"]]
+
+
+def test_refuses_a_different_dataset(tmp_path):
+    root = tmp_path / "ds"
+    rec.record(root, cfg(), episode_fn=fake_item, progress=False, log=None)
+    with pytest.raises(rec.RecordError, match="different recording.*image_size"):
+        rec.record(root, cfg(image_size=64), episode_fn=fake_item, progress=False, log=None)
+    with pytest.raises(rec.RecordError, match="render_profile"):
+        rec.record(root, cfg(render_profile="reference"), episode_fn=fake_item, progress=False, log=None)
+    # a LeRobot dataset this recorder did not write
+    other = tmp_path / "other"
+    rec.record(other, cfg(), episode_fn=fake_item, progress=False, log=None)
+    (other / rec.MANIFEST).unlink()
+    with pytest.raises(rec.RecordError, match="did not write"):
+        rec.record(other, cfg(), episode_fn=fake_item, progress=False, log=None)
+
+
+def test_a_failure_midway_leaves_a_valid_dataset(tmp_path, monkeypatch):
+    from tutorial_utils.lerobot import LeRobotDataset, LeRobotWriter
+
+    root = tmp_path / "ds"
+    calls = {"n": 0}
+    real = LeRobotWriter._write_parquet
+
+    def flaky(self, path, cols):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk full (simulated)")
+        return real(self, path, cols)
+
+    monkeypatch.setattr(LeRobotWriter, "_write_parquet", flaky)
+    with pytest.raises(OSError, match="disk full"):
+        rec.record(root, cfg(), episode_fn=fake_item, progress=False, log=None)
+    ds = LeRobotDataset(root)
+    assert ds.num_episodes == 2
+    man = json.loads((root / rec.MANIFEST).read_text())
+    assert [e["episode_index"] for e in man["episodes"]] == [0, 1]
+    monkeypatch.setattr(LeRobotWriter, "_write_parquet", real)
+    s = rec.record(root, cfg(), episode_fn=fake_item, progress=False, log=None)
+    assert s["episodes"] == 4 and LeRobotDataset(root).num_episodes == 4
+
+
+def test_failed_items_are_skipped_and_counted(tmp_path):
+    s = rec.record(tmp_path / "ds", cfg(task_ids=(0,), episodes_per_task=1, init_state_offset=99),
+                   episode_fn=fake_item, progress=False, log=None)
+    assert s["episodes"] == 0 and s["failed"] == 1 and s["success_rate"] == 0.0
+
+
+def test_bad_parameters_fail_before_any_work(tmp_path):
+    from tutorial_utils import libero_env as le
+
+    with pytest.raises(le.LiberoError, match="unknown LIBERO suite"):
+        rec.record(tmp_path / "a", cfg(suite="libero_nope"), progress=False, log=None)
+    with pytest.raises(le.LiberoError, match="unknown task id 12"):
+        rec.record(tmp_path / "b", cfg(task_ids=(12,)), progress=False, log=None)
+    with pytest.raises(rec.RecordError, match="out of range"):
+        rec.record(tmp_path / "c", cfg(init_state_offset=49), progress=False, log=None)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
+
+
+def test_resume_after_kill(tmp_path):
+    """SIGKILL a recording between episodes, rerun: every item once, nothing half-written."""
+    root = tmp_path / "ds"
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_record import fake_item, cfg
+        from tutorial_utils import record as rec
+        def slow(c, it):
+            time.sleep(0.4)
+            return fake_item(c, it)
+        rec.record({str(root)!r}, cfg(episodes_per_task=4), episode_fn=slow, progress=False, log=None)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        ep = root / "meta" / "episodes.jsonl"
+        if ep.is_file() and len(ep.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    first = len(episodes(root))
+    assert 2 <= first < 8
+    s = rec.record(root, cfg(episodes_per_task=4), episode_fn=fake_item, progress=False, log=None)
+    assert s["episodes"] == 8
+    man = json.loads((root / rec.MANIFEST).read_text())
+    pairs = [(e["task_id"], e["init_state"]) for e in man["episodes"]]
+    assert sorted(pairs) == sorted(cfg(episodes_per_task=4).items())
+    from tutorial_utils.lerobot import LeRobotDataset
+
+    LeRobotDataset(root).validate()
+
+
+def test_replay_drops_noops():
+    """Replay keeps only frames whose action moves the arm or changes the gripper command."""
+    from tutorial_utils import libero_env as le
+
+    class FakeEnv:
+        def __init__(self):
+            self.t = 0
+
+        def reset(self):
+            return self._obs()
+
+        def _obs(self):
+            img = np.full((8, 8, 3), self.t, dtype=np.uint8)
+            return {"robot0_eef_pos": np.zeros(3) + self.t, "robot0_eef_quat": np.array([0, 0, 0, 1.0]),
+                    "robot0_gripper_qpos": np.zeros(2), "agentview_image": img, "robot0_eye_in_hand_image": img}
+
+        def step(self, a):
+            self.t += 1
+            return self._obs(), 0.0, False, {}
+
+        def check_success(self):
+            return self.t >= le.NUM_STEPS_WAIT + 5
+
+    z = np.array([0, 0, 0, 0, 0, 0, -1.0])
+    m = np.array([0.5, 0, 0, 0, 0, 0, -1.0])
+    c = np.array([0, 0, 0, 0, 0, 0, 1.0])
+    frames, ok, dropped = rec.replay(FakeEnv(), np.array([z, m, z, c, c]))
+    assert ok and dropped == 3  # both z (no motion, gripper unchanged) and the repeated close
+    assert frames["action"].shape == (2, 7) and frames["action"][0, 6] == 1.0  # dataset gripper: 1 = open
+    assert frames["action"][1, 6] == -1.0 and frames["observation.images.image"].shape == (2, 8, 8, 3)
+
+
+@pytest.mark.libero
+def test_one_real_recorded_episode(tmp_path):
+    from tutorial_utils.lerobot import LeRobotDataset
+
+    root = tmp_path / "real"
+    s = rec.record(root, rec.RecordConfig(task_ids=(2,), episodes_per_task=1, image_size=SIZE),
+                   progress=False, log=None)
+    assert s["episodes"] == 1 and s["noops_dropped"] >= 1  # at least the expert's first settle action
+    ds = LeRobotDataset(root)
+    ep = ds.episode(0) if hasattr(ds, "episode") else None
+    info = json.loads((root / "meta" / "info.json").read_text())
+    assert info["features"]["observation.images.image"]["shape"] == [SIZE, SIZE, 3]
+    tasks = [json.loads(x)["task"] for x in (root / "meta" / "tasks.jsonl").read_text().splitlines()]
+    assert tasks == ["pick up the black bowl from table center and place it on the plate"]
+    del ep
