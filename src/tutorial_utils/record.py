@@ -57,6 +57,44 @@ class RecordConfig:
         return [(int(t), int(self.init_state_offset) + k) for t in self.task_ids for k in range(int(self.episodes_per_task))]
 
 
+def parse_task_ids(task_ids, n_tasks: int = 10) -> tuple:
+    """``"all"``, ``"0-4"``, ``"0,3"``, an int or a list -> a tuple of task ids."""
+    if isinstance(task_ids, (int, np.integer)):
+        return (int(task_ids),)
+    if isinstance(task_ids, (list, tuple)):
+        return tuple(int(t) for t in task_ids)
+    text = str(task_ids).strip().lower()
+    if text == "all":
+        return tuple(range(n_tasks))
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            if "-" in part:
+                a, b = part.split("-")
+                out += list(range(int(a), int(b) + 1))
+            elif part.strip():
+                out.append(int(part))
+    except ValueError:
+        raise RecordError(f"task_ids {task_ids!r}: use 'all', '0-4', '0,3' or a list of integers") from None
+    return tuple(out)
+
+
+def default_output_dir(suite: str, image_size: int) -> Path:
+    """``data/<suite>_no_noops_expert_<size>_lerobot``: the book's own recording."""
+    from tutorial_utils import paths
+
+    return paths.DATA / f"{suite}_no_noops_expert_{int(image_size)}_lerobot"
+
+
+def resolve_output_dir(output_dir: str, run_dir, suite: str, image_size: int) -> Path:
+    """The job's ``output_dir``: ``""`` -> :func:`default_output_dir`, ``"run"`` -> ``<run_dir>/dataset``."""
+    if not output_dir:
+        return default_output_dir(suite, image_size)
+    if output_dir == "run":
+        return Path(run_dir) / "dataset"
+    return Path(output_dir)
+
+
 # --- one episode (runs in a worker) ------------------------------------------------------------
 
 _ENV_CACHE: dict = {}
