@@ -347,6 +347,9 @@ def synthetic_source(n_episodes: int = 6, length: int = 24, image_size: int = 32
     return ArraySource(np.stack(prim), np.stack(wrist), np.stack(st), act_a, np.array(epi), tasks, stats, name="synthetic")
 
 
+_INHERITED_READERS: list = []  # see LeRobotSource._reader
+
+
 class LeRobotSource:
     """A LeRobot v2.1 dataset (``tutorial_utils.lerobot``) as training windows."""
 
@@ -354,7 +357,9 @@ class LeRobotSource:
         from tutorial_utils.lerobot import LIBERO_CAMERAS, LeRobotDataset
 
         self.root = Path(root)
+        self.cache_mb = cache_mb
         self.ds = LeRobotDataset(self.root, verify_videos=False, cache_mb=cache_mb)
+        self._pid = os.getpid()
         keys = self.ds.video_keys
         if len(keys) < 2:
             raise DatasetNotReady(f"{self.root}/meta/info.json: the mini policy needs two cameras (primary and wrist), "
@@ -369,8 +374,21 @@ class LeRobotSource:
     def __len__(self) -> int:
         return len(self.ds)
 
+    def _reader(self):
+        """This process's dataset reader. A DataLoader worker forked from a process that had
+        decoded video inherits PyAV decoders whose ffmpeg threads did not survive the fork:
+        freeing them there blocks forever (pthread_cond_destroy). So a worker keeps the
+        inherited reader referenced, never touches it, and opens its own."""
+        if self._pid != os.getpid():
+            from tutorial_utils.lerobot import LeRobotDataset
+
+            _INHERITED_READERS.append(self.ds)
+            self.ds = LeRobotDataset(self.root, verify_videos=False, cache_mb=self.cache_mb)
+            self._pid = os.getpid()
+        return self.ds
+
     def get(self, i: int, horizon: int) -> dict:
-        s = self.ds.sample(int(i), action_horizon=horizon, video_delta_indices=(0,))
+        s = self._reader().sample(int(i), action_horizon=horizon, video_delta_indices=(0,))
         return {"primary": s[self.primary_key][0], "wrist": s[self.wrist_key][0],
                 "state": np.asarray(s["state"], np.float32), "action": np.asarray(s["action"], np.float32),
                 "action_mask": np.asarray(s["action_mask"], bool), "instruction": s["task"]}
