@@ -289,3 +289,13 @@ def test_accelerate_launch_two_processes(tmp_path):
     assert [s["step"] for s in log["steps"]] == [1, 2, 3, 4] and log["final_model"]
     assert r.stdout.count("Training complete") == 1  # only the main process logs
     P.load_policy(out / "checkpoints/last")
+
+
+def test_job_helpers(tmp_path, source):
+    with pytest.raises(T.DatasetNotReady, match="record_demos"):
+        T.resolve_dataset("no_such_dataset", tmp_path)
+    T.train(cfg(tmp_path, steps=4, batch_size=1, log_freq=1, eval_freq=2, save_checkpoint=False), source=source)
+    rows = T.metrics_table(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and "val_action_mae" in rows[1] and "loss" in rows[1]
+    assert [r["step"] for r in T.metrics_table(tmp_path / "run", every=3)] == [1, 4]
+    assert T.main(["--list-params"]) == 0

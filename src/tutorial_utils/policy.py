@@ -667,7 +667,7 @@ def load_serving_policy(checkpoint: str | os.PathLike, device: str = "cpu", repl
                 "image_size": data.get("image_size") or policy.cfg.image_size,
                 "action_horizon": h,
                 "replan_steps": int(replan_steps or h),
-                "gripper": gripper or data.get("gripper", "robosuite"),
+                "gripper": gripper or data.get("gripper", "dataset"),
                 "checkpoint": self.checkpoint,
             }
 

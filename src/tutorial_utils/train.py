@@ -835,7 +835,7 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
         return target
 
     dataset_meta = {"name": getattr(source, "name", ""), "image_size": (getattr(source, "image_shape", None) or [None])[0],
-                    "gripper": "robosuite"}
+                    "gripper": "dataset"}  # LIBERO LeRobot data (IPEC, our recordings): 1 open, -1 close
 
     stop = _Stop()
     stop.install()
@@ -974,6 +974,92 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
         metrics_fh.close()
     log.close()
     return TrainResult(out, step, losses, stopped_by, summary)
+
+
+# --- the job notebook's logic ---------------------------------------------------------------------
+
+#: Success signs of a training run, as ``tutorial_utils.logs.TRAIN_SIGNS`` names them.
+SIGNS = ("parameters counted", "first loss line", "training complete")
+
+
+def prepare_metadata(root: str | os.PathLike) -> dict:
+    """Write ``meta/modality.json`` and the statistics of a dataset that lacks them."""
+    root = Path(root)
+    done: dict[str, str] = {}
+    if not (root / "meta" / "modality.json").is_file():
+        try:
+            from tutorial_utils import modality
+        except ImportError:
+            raise DatasetNotReady(f"{root}/meta/modality.json is missing and tutorial_utils.modality is not installed "
+                                  "to write it.") from None
+        fn = next((getattr(modality, n) for n in ("write_libero_modality", "write_modality", "write")
+                   if callable(getattr(modality, n, None))), None)
+        if fn is None:
+            raise DatasetNotReady(f"{root}/meta/modality.json is missing and tutorial_utils.modality has no writer.")
+        done["modality"] = str(fn(root))
+    if not (root / "meta" / "stats_gr00t.json").is_file():
+        try:
+            from tutorial_utils import stats as S
+        except ImportError:
+            raise DatasetNotReady(f"{root}/meta/stats_gr00t.json is missing and tutorial_utils.stats is not installed "
+                                  "to compute it.") from None
+        S.compute_all(root)
+        done["stats"] = str(root / "meta" / "stats_gr00t.json")
+    return done
+
+
+def resolve_dataset(dataset: str, run_dir: str | os.PathLike) -> Path:
+    """The job's ``dataset``: ``"synthetic"`` -> a small synthetic LIBERO-schema dataset in
+    ``<run_dir>/dataset`` (written once, with its metadata); a name -> ``data/<name>``; else a path."""
+    from tutorial_utils import paths
+
+    if dataset == "synthetic":
+        from tutorial_utils.synth import generate_dataset
+
+        root = Path(run_dir) / "dataset"
+        if not (root / "meta" / "info.json").is_file():
+            generate_dataset(root, n_episodes=4, mean_length=16, image_size=64, n_tasks=2, seed=0)
+        prepare_metadata(root)
+        return root
+    p = Path(dataset)
+    if not p.is_absolute() and not p.exists() and (paths.DATA / dataset).exists():
+        p = paths.DATA / dataset
+    if not (p / "meta" / "info.json").is_file():
+        raise DatasetNotReady(
+            f"dataset {dataset!r} not found (looked at {p} and {paths.DATA / dataset}). Record it with the record_demos "
+            "job (`python -m tutorial_utils job run notebooks/jobs/record_demos.md`), or pass dataset=synthetic."
+        )
+    return p
+
+
+def run_job(run_dir: str | os.PathLike, dataset: str, **params: Any) -> TrainResult:
+    """What ``notebooks/jobs/train.md`` runs: resolve the dataset, train into ``run_dir``,
+    record the success signs in ``status.json``."""
+    from tutorial_utils import jobs
+    from tutorial_utils.logs import parse_train_log
+
+    root = resolve_dataset(dataset, run_dir)
+    cfg = TrainConfig.from_overrides({**params, "dataset": str(root), "output_dir": str(run_dir)})
+    res = train(cfg)
+    log = parse_train_log(Path(run_dir) / LOG_FILE)
+    signs = {"parameters counted": log["total_params"] is not None, "first loss line": bool(log["steps"]),
+             "training complete": log["final_model"] is not None}
+    jobs.update_status(run_dir, signs=signs, train={k: res.summary.get(k) for k in (
+        "steps_done", "stopped_by", "first_loss", "last_loss", "best", "samples_per_s", "data_wait_share",
+        "last_checkpoint", "best_checkpoint", "final_model_bytes", "run_dir_bytes_after", "wall_s")}, dataset=str(root))
+    return res
+
+
+def metrics_table(run_dir: str | os.PathLike, every: int = 1) -> list[dict]:
+    """Rows of ``metrics.jsonl`` merged per step (training and validation rows), every n-th kept."""
+    rows: dict[int, dict] = {}
+    for r in read_jsonl(Path(run_dir) / METRICS_FILE):
+        rows.setdefault(int(r["step"]), {}).update(r)
+    steps = sorted(rows)
+    keep = steps[::max(1, every)]
+    if steps and steps[-1] not in keep:
+        keep.append(steps[-1])
+    return [rows[s] for s in keep]
 
 
 # --- CLI --------------------------------------------------------------------------------------------
