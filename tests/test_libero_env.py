@@ -111,5 +111,18 @@ def test_rendering_env_fast_profile_images():
         assert primary.std() > 5  # a real picture, not a blank buffer
         ctx = env.sim._render_context_offscreen
         assert ctx.con.offWidth == 64 and env.sim.model._model.vis.quality.shadowsize == 0
+        # simplified visual meshes leave physics alone: same actions, same state as headless
+        headless = le.make_env("libero_spatial", 0, cameras=False)
+        try:
+            env.reset()
+            headless.reset()
+            for i in range(5):
+                a = le.SETTLE_ACTION.copy()
+                a[1] = 0.5
+                o1, *_ = env.step(a)
+                o2, *_ = headless.step(a)
+            np.testing.assert_array_equal(o1["robot0_eef_pos"], o2["robot0_eef_pos"])
+        finally:
+            headless.close()
     finally:
         env.close()

@@ -8,8 +8,9 @@ camera-less ``ControlEnv`` when ``cameras=False``) that
   broken backend cannot kill the caller) and fails with the Debian package to install;
 - pre-writes LIBERO's ``config.yaml`` and sets ``LIBERO_CONFIG_PATH`` so no import ever prompts;
 - applies a named render profile (``reference`` = library defaults, ``fast`` = no shadows,
-  reflections or skybox, no multisampling, an offscreen buffer the size of the camera), the
-  same for recording and evaluation;
+  reflections or skybox, no multisampling, an offscreen buffer the size of the camera, and
+  visual-only meshes simplified by :func:`decimate_visual_meshes`), the same for recording
+  and evaluation;
 - gives the policy images flipped 180 degrees (:func:`flip`), the 8-D state vector
   (:func:`state_vector`), the task's language and BDDL objects of interest, and a
   msgpack-friendly :meth:`LiberoEnv.privileged_observation` for the scripted expert.
@@ -299,6 +300,56 @@ def init_states(suite: str, task_id: int) -> np.ndarray:
 # --- render profiles ------------------------------------------------------------------------
 
 
+#: ``fast`` profile: visual-only meshes are simplified to a grid of this many cells along their
+#: longest side (vertex clustering). Collision meshes are never touched, so physics is unchanged.
+DECIMATE_CELLS = 20
+DECIMATE_MIN_FACES = 1500
+
+
+def decimate_visual_meshes(m, cells: int = DECIMATE_CELLS, min_faces: int = DECIMATE_MIN_FACES) -> tuple[int, int]:
+    """Simplify, in place, the meshes only non-colliding (visual) geoms use; returns faces before/after.
+
+    Vertex clustering: vertices are snapped to a representative per grid cell and faces that
+    collapse are dropped. Must run before the render context uploads the meshes.
+    LIBERO's visual meshes have ~300k faces (bowls 42k each, robot links 12-21k): llvmpipe's
+    cost per camera frame is dominated by them, and at 128-256 px the difference is a pixel or two.
+    """
+    import mujoco
+
+    collide, visual = set(), set()
+    for g in range(m.ngeom):
+        if m.geom_type[g] == mujoco.mjtGeom.mjGEOM_MESH:
+            (collide if (m.geom_contype[g] or m.geom_conaffinity[g]) else visual).add(int(m.geom_dataid[g]))
+    before = after = 0
+    for i in sorted(visual - collide):
+        fa, fn = int(m.mesh_faceadr[i]), int(m.mesh_facenum[i])
+        before += fn
+        if fn < min_faces:
+            after += fn
+            continue
+        va, vn = int(m.mesh_vertadr[i]), int(m.mesh_vertnum[i])
+        v = m.mesh_vert[va:va + vn]
+        lo = v.min(0)
+        cell = max(float((v.max(0) - lo).max()) / cells, 1e-9)
+        _, inv = np.unique(np.floor((v - lo) / cell).astype(np.int64), axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+        rep = np.empty(inv.max() + 1, dtype=np.int64)
+        order = np.arange(vn)[::-1]
+        rep[inv[order]] = order  # the first vertex of each cell
+        nf = rep[inv[m.mesh_face[fa:fa + fn]]]
+        ok = (nf[:, 0] != nf[:, 1]) & (nf[:, 1] != nf[:, 2]) & (nf[:, 0] != nf[:, 2])
+        _, first = np.unique(np.sort(nf[ok], axis=1), axis=0, return_index=True)
+        idx = np.nonzero(ok)[0][np.sort(first)]
+        k = len(idx)
+        m.mesh_face[fa:fa + k] = nf[idx]
+        m.mesh_facenormal[fa:fa + k] = m.mesh_facenormal[fa:fa + fn][idx]
+        if m.mesh_texcoordnum[i] > 0:
+            m.mesh_facetexcoord[fa:fa + k] = m.mesh_facetexcoord[fa:fa + fn][idx]
+        m.mesh_facenum[i] = k
+        after += k
+    return before, after
+
+
 def apply_render_profile(sim, profile: str, width: int, height: int) -> None:
     """Apply ``profile`` to a robosuite MjSim's offscreen render context (idempotent)."""
     if profile == "reference":
@@ -310,6 +361,9 @@ def apply_render_profile(sim, profile: str, width: int, height: int) -> None:
         return
     if getattr(ctx, "_tutorial_profile", None) == (profile, width, height):
         return
+    if not getattr(sim.model, "_tutorial_decimated", False):
+        decimate_visual_meshes(sim.model._model)
+        sim.model._tutorial_decimated = True
     vis = sim.model._model.vis
     vis.quality.shadowsize = 0
     vis.quality.offsamples = 0
@@ -367,6 +421,12 @@ class LiberoEnv:
             _check_init(self.info, init_state, len(self._init_states))
             self.init_state = int(init_state)
         self._env.reset()
+        # robosuite keeps the gripper's last command across soft resets; a fresh env starts at
+        # zero. Reset it so a reused env replays an action sequence exactly like a fresh one.
+        for robot in self._env.env.robots:
+            grip = getattr(robot, "gripper", None)
+            if grip is not None and hasattr(grip, "current_action"):
+                grip.current_action = np.zeros(grip.dof)
         if self.cameras:
             apply_render_profile(self._env.sim, self.render_profile, self.image_size, self.image_size)
         obs = self._env.set_init_state(self._init_states[self.init_state])
