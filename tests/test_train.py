@@ -64,6 +64,15 @@ def test_unknown_parameter_is_a_clear_error():
     with pytest.raises(T.ConfigError, match="key=value"):
         T.parse_overrides(["steps"])
     assert T.main(["--output-dir", "/tmp/x", "bogus=1"]) == 2
+    assert T.main(["--output-dir", "/tmp/x", "--trainer.max_train_stepz", "2"]) == 2
+
+
+def test_random_shift_is_seeded_and_keeps_shapes():
+    b = {"primary": torch.randint(0, 255, (3, 16, 16, 3), dtype=torch.uint8), "wrist": torch.zeros(3, 16, 16, 3, dtype=torch.uint8)}
+    a1 = T.random_shift(b, 2, torch.Generator().manual_seed(1))
+    a2 = T.random_shift(b, 2, torch.Generator().manual_seed(1))
+    assert a1["primary"].shape == (3, 3, 16, 16) and torch.equal(a1["primary"], a2["primary"])
+    assert float(a1["primary"].max()) <= 1.0
 
 
 def test_unknown_module_in_freeze_modules(tmp_path, source):

@@ -103,6 +103,8 @@ class TrainConfig:
     scheduler_decay_steps: int = _p(0, "cosine decay steps after warm-up down to scheduler_decay_lr "
                                        "(80-90% of steps; 0: all remaining steps)", "scheduler")
     scheduler_decay_lr: float = _p(1e-5, "learning rate at the end of the decay (held afterwards)", "scheduler")
+    augment_shift: int = _p(4, "random image shift of up to N pixels (at image_size) while training, a cheap "
+                               "augmentation that helps closed-loop control; 0: off")
     # DiT4DiT-style
     pretrained_checkpoint: str = _p("", "start from this policy checkpoint directory (same model config)", "dit4dit")
     freeze_modules: str = _p("", "comma-separated modules not to train, e.g. backbone or "
@@ -404,7 +406,7 @@ def open_dataset(root: str | os.PathLike, run_dir: str | os.PathLike | None = No
     if not (root / "meta" / "info.json").is_file():
         raise DatasetNotReady(
             f"{root}/meta/info.json not found: {root} is not a LeRobot v2.1 dataset. Record one with the "
-            "record job (notebooks/jobs/record.md) or generate a synthetic one with "
+            "record_demos job (notebooks/jobs/record_demos.md) or generate a synthetic one with "
             "`python -m tutorial_utils dataset generate DIR`."
         )
     if not (root / "meta" / "modality.json").is_file():
@@ -472,6 +474,22 @@ def _resize(img: np.ndarray, size: int) -> np.ndarray:
     x = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None].float()
     x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
     return x[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def random_shift(batch: dict, pad: int, generator) -> dict:
+    """Shift both camera images by up to ``pad`` pixels (replicate padding, then a random crop),
+    drawn from ``generator`` so a resumed run sees the same crops. Returns float images in [0,1]."""
+    import torch
+    import torch.nn.functional as F
+
+    out = dict(batch)
+    for key in ("primary", "wrist"):
+        x = batch[key].permute(0, 3, 1, 2).float() / 255.0
+        b, _, h, w = x.shape
+        padded = F.pad(x, (pad, pad, pad, pad), mode="replicate")
+        off = torch.randint(0, 2 * pad + 1, (b, 2), generator=generator)
+        out[key] = torch.stack([padded[i, :, off[i, 0]:off[i, 0] + h, off[i, 1]:off[i, 1] + w] for i in range(b)])
+    return out
 
 
 def collate(items: list[dict]) -> dict:
@@ -863,6 +881,8 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
                 break
             t1 = time.perf_counter()
             gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + step * 101 + rank)
+            if cfg.augment_shift:
+                batch = random_shift(batch, cfg.augment_shift, gen)
             out_losses = model(batch, gen)
             loss = out_losses["total_loss"]
             optimizer.zero_grad(set_to_none=True)
@@ -1076,9 +1096,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default=None, help="run directory")
     parser.add_argument("--list-params", action="store_true", help="print every parameter, default and meaning")
     parser.add_argument("--list-modules", action="store_true", help="print the modules freeze_modules accepts")
-    parser.add_argument("overrides", nargs="*", help="key=value")
+    parser.usage = "%(prog)s [--dataset DIR] [--output-dir DIR] [key=value ...] [--trainer.key value ...]"
     args, extra = parser.parse_known_args(argv)
-    overrides = list(args.overrides)
+    overrides: list[str] = []
     # DiT4DiT style `--trainer.max_train_steps 2` -> trainer.max_train_steps=2
     i = 0
     while i < len(extra):
@@ -1089,6 +1109,9 @@ def main(argv: list[str] | None = None) -> int:
         elif tok.startswith("--") and i + 1 < len(extra):
             overrides.append(f"{tok[2:]}={extra[i + 1]}")
             i += 2
+        elif not tok.startswith("-") and "=" in tok:
+            overrides.append(tok)
+            i += 1
         else:
             print(f"error: cannot read argument {tok!r}; use key=value", file=sys.stderr)
             return 2
