@@ -448,3 +448,15 @@ def main(argv: list[str]) -> int:
         return 2
     print(_json.dumps(d.to_dict(), indent=2) if args.json else str(d))
     return 0 if d.ok else 1
+
+
+# --- mini training extras (tutorial_utils.train; no DiT4DiT counterpart) ----------------------
+TRAIN_RUNNING = "***** Running training *****"
+TRAIN_FROZEN_MODULES = "Frozen modules: {modules}"
+TRAIN_RESUMED = "Resumed from {path} at step {step}"
+TRAIN_VALIDATION = "[Exp: {run_id}] Step {step}, Validation: {metrics}"
+TRAIN_STOPPED = ("Training stopped by {signal} at step {step}; checkpoint saved at {path}. "
+                 "Continue with resume=true and the same output_dir.")
+TRAIN_DISK_USAGE = "Disk usage: final_model {final}, run directory {run_dir}"
+TRAIN_FINAL_REMOVED = "Removed final_model (set KEEP_FINAL_MODEL=1 to keep it); run directory now {run_dir}"
+TRAIN_FINAL_KEPT = "KEEP_FINAL_MODEL=1: final_model kept ({final})"
