@@ -802,13 +802,13 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
     log(L.TRAIN_FROZEN_PARAMS.format(n=counts["frozen"], m=counts["frozen"] / 1e6))
     log(L.TRAIN_RATIO.format(pct=100.0 * counts["trainable"] / max(1, counts["total"])))
     if frozen:
-        log(f"Frozen modules: {', '.join(frozen)}")
-    log("***** Running training *****")
+        log(L.TRAIN_FROZEN_MODULES.format(modules=", ".join(frozen)))
+    log(L.TRAIN_RUNNING)
     log(L.TRAIN_TOTAL_STEPS.format(n=cfg.steps))
     log(L.TRAIN_PER_DEVICE_BATCH.format(n=cfg.batch_size))
     log(L.TRAIN_DATALOADER_LEN.format(n=len_loader))
     if start_step:
-        log(f"Resumed from {resume_from} at step {start_step}")
+        log(L.TRAIN_RESUMED.format(path=resume_from, step=start_step))
 
     # validation set: fixed, evenly spaced held-out frames
     val_pick = val_idx[np.linspace(0, len(val_idx) - 1, min(cfg.val_samples, len(val_idx))).round().astype(int)] if len(val_idx) else val_idx
@@ -926,8 +926,8 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
                 if improved:
                     best = {"val_action_mae": last_val["val_action_mae"], "step": step}
                 write_metrics({"step": step, **last_val, "best": improved, "time": time.time()})
-                log(f"[Exp: {run_id}] Step {step}, Validation: {{'val_action_mae': {last_val['val_action_mae']:.5f}}}"
-                    + (" (best)" if improved else ""))
+                log(L.TRAIN_VALIDATION.format(run_id=run_id, step=step, metrics={
+                    "val_action_mae": round(last_val["val_action_mae"], 6), "best": improved}))
                 if improved and cfg.save_checkpoint:
                     P.save_policy(acc.unwrap_model(model), ckpt_root / "best",
                                   {"dataset": dataset_meta, "step": step, "val": last_val})
@@ -953,8 +953,7 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
         acc.wait_for_everyone()
         path = save(step, stopped_by)
         acc.wait_for_everyone()
-        log(f"Training stopped by {stopped_by} at step {step}; checkpoint saved at {path}. "
-            f"Continue with resume=true and the same output_dir.")
+        log(L.TRAIN_STOPPED.format(signal=stopped_by, step=step, path=path))
         result_paths["checkpoint"] = str(path) if path else None
     else:
         acc.wait_for_everyone()
@@ -966,14 +965,14 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
             log(L.TRAIN_COMPLETE.format(path=final))
             size_final = dir_size(final)
             size_before = dir_size(out)
-            log(f"Disk usage: final_model {human_bytes(size_final)}, run directory {human_bytes(size_before)}")
+            log(L.TRAIN_DISK_USAGE.format(final=human_bytes(size_final), run_dir=human_bytes(size_before)))
             if keep_final:
-                log("KEEP_FINAL_MODEL=1: final_model kept.")
+                log(L.TRAIN_FINAL_KEPT.format(final=final))
                 size_after = size_before
             else:
                 shutil.rmtree(final)
                 size_after = dir_size(out)
-                log(f"Removed final_model (set KEEP_FINAL_MODEL=1 to keep it); run directory now {human_bytes(size_after)}")
+                log(L.TRAIN_FINAL_REMOVED.format(run_dir=human_bytes(size_after)))
             result_paths.update(final_model=str(final) if keep_final else None, final_model_bytes=size_final,
                                 run_dir_bytes_before=size_before, run_dir_bytes_after=size_after)
         acc.wait_for_everyone()
