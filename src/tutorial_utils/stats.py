@@ -1,0 +1,226 @@
+"""Dataset statistics and the step index that DiT4DiT's GR00T-style loader needs, cached.
+
+Three products (FACTS.md section 2):
+
+- ``meta/stats_gr00t.json``: ``mean, std, min, max, q01, q99`` of every parquet column over
+  all frames (upstream concatenates every ``data/*/*.parquet`` with pandas).
+- the step index: one ``(trajectory_id, base_index)`` per frame. Kept in a safe format,
+  ``meta/steps_index.npz`` (plain arrays, read with ``allow_pickle=False``). The upstream
+  ``meta/steps_data_index.pkl`` is written only when asked (``write_pkl=True``); this module
+  never unpickles anything.
+- ``<run_dir>/dataset_statistics.json``: ``{"franka": {"action": {..., "mask"}, "state": {...},
+  "num_trajectories", "num_transitions"}}``, the normaliser the policy server loads.
+
+Upstream computes the stats once and never notices when the data changes. Here a cache file
+(``meta/stats_cache.json``) stores a fingerprint of the data files (names, sizes, mtimes);
+a different fingerprint means recompute. Reading is done with pyarrow (threaded, only the
+numeric columns), which is what makes the cold path fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .io import atomic_path, atomic_write_json
+from .lerobot import INFO_PATH, EPISODES_PATH, DatasetError, _column_to_numpy
+
+STATS_GR00T_PATH = "meta/stats_gr00t.json"
+STEP_INDEX_PATH = "meta/steps_index.npz"
+STEPS_PKL_PATH = "meta/steps_data_index.pkl"
+CACHE_PATH = "meta/stats_cache.json"
+CACHE_VERSION = 1
+STAT_KEYS = ("mean", "std", "min", "max", "q01", "q99")
+#: DiT4DiT's ``libero_franka`` config: min-max normalise x..yaw, leave the gripper raw.
+FRANKA_ACTION_MASK = [True] * 6 + [False]
+
+
+def data_files(root: Path) -> list[Path]:
+    return sorted((root / "data").glob("*/*.parquet"))
+
+
+def fingerprint(root: str | os.PathLike) -> str:
+    """A hash of the data files' names, sizes and mtimes, plus info.json and episodes.jsonl."""
+    root = Path(root)
+    h = hashlib.sha256()
+    for p in data_files(root) + [root / INFO_PATH, root / EPISODES_PATH]:
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            h.update(f"{p.relative_to(root)}:missing\n".encode())
+            continue
+        h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _numeric_features(root: Path) -> dict:
+    info_path = root / INFO_PATH
+    if not info_path.is_file():
+        raise DatasetError(info_path, None, "meta/info.json is missing", "point at the dataset root (holding meta/)")
+    info = json.loads(info_path.read_text(encoding="utf-8"))
+    return {k: v for k, v in info["features"].items() if v["dtype"] not in ("video", "image", "string")}
+
+
+def load_columns(root: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every numeric column of every parquet, concatenated in episode order, as (N, D) arrays."""
+    import pyarrow.dataset as pads
+
+    root = Path(root)
+    feats = _numeric_features(root)
+    files = data_files(root)
+    if not files:
+        raise DatasetError(root / "data", None, "no parquet files under data/*/",
+                           "point at the dataset root, or download / record the data first")
+    dataset = pads.dataset([str(f) for f in files], format="parquet")
+    missing = [k for k in feats if k not in dataset.schema.names]
+    if missing:
+        raise DatasetError(root / "data", missing[0], "column is missing in the parquet files",
+                           "re-write the episodes with every feature of meta/info.json")
+    table = dataset.to_table(columns=list(feats), use_threads=True)
+    out = {}
+    for k, ft in feats.items():
+        arr = _column_to_numpy(table, k, ft, root / "data")
+        out[k] = arr.reshape(len(arr), -1)
+    order = np.argsort(out["index"][:, 0], kind="stable") if "index" in out else None
+    if order is not None and not np.all(order[:-1] < order[1:]):
+        out = {k: v[order] for k, v in out.items()}
+    return out
+
+
+def column_stats(x: np.ndarray) -> dict:
+    """mean/std/min/max/q01/q99 over axis 0 (float64 maths, lists out)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim == 1:
+        x = x[:, None]
+    q01, q99 = np.quantile(x, [0.01, 0.99], axis=0)
+    return {"mean": x.mean(0).tolist(), "std": x.std(0).tolist(), "min": x.min(0).tolist(),
+            "max": x.max(0).tolist(), "q01": q01.tolist(), "q99": q99.tolist()}
+
+
+def compute_stats_gr00t(columns: dict[str, np.ndarray]) -> dict:
+    return {k: column_stats(v) for k, v in columns.items()}
+
+
+def compute_step_index(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One (trajectory_id, base_index) per frame, in dataset order."""
+    return {"trajectory_ids": columns["episode_index"][:, 0].astype(np.int64),
+            "base_indices": columns["frame_index"][:, 0].astype(np.int64)}
+
+
+def dataset_statistics(stats: dict, num_trajectories: int, num_transitions: int, embodiment: str = "franka",
+                       action_mask: list[bool] | None = None) -> dict:
+    """The ``dataset_statistics.json`` block: action (with mask) and state stats for ``embodiment``."""
+    action = dict(stats["action"])
+    mask = list(FRANKA_ACTION_MASK if action_mask is None else action_mask)
+    if len(mask) != len(action["mean"]):
+        raise ValueError(f"action mask has {len(mask)} entries, the action has {len(action['mean'])} dims")
+    action["mask"] = mask
+    return {embodiment: {"action": action, "state": dict(stats["observation.state"]),
+                         "num_trajectories": int(num_trajectories), "num_transitions": int(num_transitions)}}
+
+
+def load_step_index(root: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read ``meta/steps_index.npz`` safely (no pickle)."""
+    with np.load(Path(root) / STEP_INDEX_PATH, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    with atomic_path(path, suffix=".npz") as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
+
+
+def _write_pkl(path: Path, index: dict[str, np.ndarray], config_key: str) -> None:
+    """The upstream pickle, for DiT4DiT's loader only. Written by us; never read by us."""
+    steps = list(zip(index["trajectory_ids"].tolist(), index["base_indices"].tolist()))
+    payload = {"config_key": config_key, "steps": steps,
+               "num_trajectories": int(len(np.unique(index["trajectory_ids"]))),
+               "total_steps": len(steps), "computed_timestamp": time.time(), "delete_pause_frame": False}
+    with atomic_path(path, suffix=".pkl") as tmp:
+        tmp.write_bytes(pickle.dumps(payload, protocol=4))
+
+
+def _cache_valid(root: Path, fp: str) -> dict | None:
+    try:
+        cache = json.loads((root / CACHE_PATH).read_text(encoding="utf-8"))
+        if cache.get("version") != CACHE_VERSION or cache.get("fingerprint") != fp:
+            return None
+        stats = json.loads((root / STATS_GR00T_PATH).read_text(encoding="utf-8"))
+        if not (root / STEP_INDEX_PATH).is_file():
+            return None
+        if any(set(STAT_KEYS) - set(v) for v in stats.values()):
+            return None
+        return {"stats": stats, "cache": cache}
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+
+
+def compute_all(root: str | os.PathLike, run_dir: str | os.PathLike | None = None, *, write_pkl: bool = False,
+                force: bool = False, embodiment: str = "franka", action_mask: list[bool] | None = None,
+                config_key: str = "libero_franka") -> dict:
+    """Stats, step index and dataset_statistics for ``root``; cached until the data changes.
+
+    Returns ``stats_gr00t``, ``dataset_statistics``, ``num_trajectories``, ``num_transitions``,
+    ``cached`` (True when nothing was recomputed), ``seconds`` and ``files``. With ``run_dir``
+    also writes ``<run_dir>/dataset_statistics.json``; ``write_pkl`` adds the upstream pickle.
+    """
+    t0 = time.perf_counter()
+    root = Path(root)
+    fp = fingerprint(root)
+    hit = None if force else _cache_valid(root, fp)
+    files = {"stats_gr00t": root / STATS_GR00T_PATH, "step_index": root / STEP_INDEX_PATH}
+    if hit is not None:
+        stats, cache = hit["stats"], hit["cache"]
+        n_traj, n_trans = cache["num_trajectories"], cache["num_transitions"]
+        cached = True
+        if write_pkl and not (root / STEPS_PKL_PATH).is_file():
+            _write_pkl(root / STEPS_PKL_PATH, load_step_index(root), config_key)
+    else:
+        columns = load_columns(root)
+        stats = compute_stats_gr00t(columns)
+        index = compute_step_index(columns)
+        n_traj = int(len(np.unique(index["trajectory_ids"])))
+        n_trans = int(len(index["trajectory_ids"]))
+        atomic_write_json(root / STATS_GR00T_PATH, stats, indent=4)
+        _write_npz(root / STEP_INDEX_PATH, index)
+        if write_pkl or (root / STEPS_PKL_PATH).is_file():  # never leave a stale pickle behind
+            _write_pkl(root / STEPS_PKL_PATH, index, config_key)
+        atomic_write_json(root / CACHE_PATH, {"version": CACHE_VERSION, "fingerprint": fp,
+                                              "num_trajectories": n_traj, "num_transitions": n_trans,
+                                              "computed_at": time.time()})
+        cached = False
+    if write_pkl:
+        files["steps_pkl"] = root / STEPS_PKL_PATH
+    ds_stats = dataset_statistics(stats, n_traj, n_trans, embodiment, action_mask)
+    if run_dir is not None:
+        files["dataset_statistics"] = atomic_write_json(Path(run_dir) / "dataset_statistics.json", ds_stats, indent=2)
+    return {"stats_gr00t": stats, "dataset_statistics": ds_stats, "num_trajectories": n_traj,
+            "num_transitions": n_trans, "cached": cached, "seconds": time.perf_counter() - t0,
+            "files": {k: str(v) for k, v in files.items()}}
+
+
+def reference_stats_pandas(root: str | os.PathLike) -> dict:
+    """The upstream method, for comparison: pandas reads every parquet, concat, then stats."""
+    import pandas as pd
+
+    root = Path(root)
+    frames = [pd.read_parquet(p) for p in data_files(root)]
+    df = pd.concat(frames, ignore_index=True)
+    out = {}
+    for col in df.columns:
+        values = df[col].to_numpy()
+        arr = np.stack(values) if values.dtype == object else values
+        out[col] = column_stats(np.asarray(arr, dtype=np.float64))
+    return out
+
+
+__all__ = ["STATS_GR00T_PATH", "STEP_INDEX_PATH", "STEPS_PKL_PATH", "CACHE_PATH", "FRANKA_ACTION_MASK",
+           "fingerprint", "load_columns", "column_stats", "compute_stats_gr00t", "compute_step_index",
+           "dataset_statistics", "load_step_index", "compute_all", "reference_stats_pandas"]

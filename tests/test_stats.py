@@ -1,0 +1,127 @@
+"""stats_gr00t.json, the step index, dataset_statistics.json and the cache that knows when it is stale."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+
+import numpy as np
+import pytest
+
+from tutorial_utils import stats as st
+from tutorial_utils.lerobot import DatasetError, LeRobotDataset, LeRobotWriter, libero_features
+from tutorial_utils.synth import generate_dataset, synth_episode
+
+
+@pytest.fixture
+def root(tmp_path):
+    return generate_dataset(tmp_path / "d", n_episodes=3, mean_length=20, image_size=32)
+
+
+def test_matches_pandas_reference(root):
+    res = st.compute_all(root)
+    ref = st.reference_stats_pandas(root)
+    assert set(res["stats_gr00t"]) == set(ref)
+    for col in ref:
+        for k in st.STAT_KEYS:
+            np.testing.assert_allclose(res["stats_gr00t"][col][k], ref[col][k], rtol=1e-9, atol=1e-9)
+    assert json.loads((root / st.STATS_GR00T_PATH).read_text()) == res["stats_gr00t"]
+
+
+def test_step_index_safe_format(root):
+    res = st.compute_all(root)
+    idx = st.load_step_index(root)
+    ds = LeRobotDataset(root)
+    assert len(idx["trajectory_ids"]) == len(ds) == res["num_transitions"]
+    assert res["num_trajectories"] == 3
+    assert idx["base_indices"][: ds.lengths[0]].tolist() == list(range(ds.lengths[0]))
+    assert idx["trajectory_ids"].dtype == np.int64
+    assert not (root / st.STEPS_PKL_PATH).exists()  # pickle only on request
+
+
+def test_pkl_only_on_request(root):
+    st.compute_all(root, write_pkl=True)
+    raw = (root / st.STEPS_PKL_PATH).read_bytes()
+    payload = pickle.loads(raw)  # the test reads a pickle the project itself just wrote
+    assert set(payload) == {"config_key", "steps", "num_trajectories", "total_steps", "computed_timestamp",
+                            "delete_pause_frame"}
+    assert payload["steps"][0] == (0, 0) and payload["total_steps"] == len(payload["steps"])
+
+
+def test_dataset_statistics_franka(root, tmp_path):
+    res = st.compute_all(root, run_dir=tmp_path / "run")
+    d = json.loads((tmp_path / "run/dataset_statistics.json").read_text())
+    assert d == res["dataset_statistics"]
+    fr = d["franka"]
+    assert fr["action"]["mask"] == [True] * 6 + [False]
+    assert len(fr["state"]["mean"]) == 8 and len(fr["action"]["q99"]) == 7
+    assert fr["num_trajectories"] == 3 and fr["num_transitions"] == len(LeRobotDataset(root))
+    with pytest.raises(ValueError, match="mask"):
+        st.dataset_statistics(res["stats_gr00t"], 1, 1, action_mask=[True])
+
+
+def test_cache_hit_and_stale_recompute(root):
+    first = st.compute_all(root)
+    assert first["cached"] is False
+    second = st.compute_all(root)
+    assert second["cached"] is True and second["stats_gr00t"] == first["stats_gr00t"]
+    # the data changes: one more episode -> the cache is stale, stats change
+    w = LeRobotWriter(root, libero_features(32), 20)
+    ep = synth_episode(30, 32, np.random.default_rng(9))
+    ep["action"][:] = 0.9
+    w.add_episode(ep, "new")
+    w.finalize()
+    third = st.compute_all(root)
+    assert third["cached"] is False and third["num_trajectories"] == 4
+    assert third["stats_gr00t"]["action"]["max"] != first["stats_gr00t"]["action"]["max"]
+    assert st.load_step_index(root)["trajectory_ids"].max() == 3
+
+
+def test_cache_stale_after_in_place_rewrite(root):
+    import pyarrow.parquet as pq
+
+    st.compute_all(root)
+    p = root / "data/chunk-000/episode_000000.parquet"
+    table = pq.read_table(p)
+    pq.write_table(table, p)  # same content, new file: mtime changes
+    os.utime(p, ns=(1, 1))
+    assert st.compute_all(root)["cached"] is False
+
+
+def test_corrupt_or_foreign_stats_recomputed(root):
+    st.compute_all(root)
+    (root / st.STATS_GR00T_PATH).write_text("{broken")
+    assert st.compute_all(root)["cached"] is False
+    (root / st.CACHE_PATH).unlink()  # e.g. a downloaded dataset with upstream stats
+    assert st.compute_all(root)["cached"] is False
+    assert st.compute_all(root, force=True)["cached"] is False
+
+
+def test_stale_pickle_is_refreshed(root):
+    st.compute_all(root, write_pkl=True)
+    before = (root / st.STEPS_PKL_PATH).read_bytes()
+    w = LeRobotWriter(root, libero_features(32), 20)
+    w.add_episode(synth_episode(5, 32, np.random.default_rng(1)), "x")
+    w.finalize()
+    st.compute_all(root)
+    assert (root / st.STEPS_PKL_PATH).read_bytes() != before
+
+
+def test_bad_dataset(tmp_path):
+    with pytest.raises(DatasetError, match="info.json is missing"):
+        st.compute_all(tmp_path)
+    root = generate_dataset(tmp_path / "d", n_episodes=1, mean_length=5, image_size=32)
+    shutil.rmtree(root / "data")
+    with pytest.raises(DatasetError, match="no parquet files"):
+        st.compute_all(root)
+
+
+def test_cli_stats(root, tmp_path, capsys):
+    from tutorial_utils.lerobot import main
+
+    assert main(["stats", str(root), "--run-dir", str(tmp_path / "run")]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["cached"] is False and out["num_trajectories"] == 3
+    assert (tmp_path / "run/dataset_statistics.json").is_file()
