@@ -33,11 +33,13 @@ def steps_per_s(profile: str | None, steps: int, image_size: int = 128) -> dict:
         for i in range(steps):
             a = le.SETTLE_ACTION.copy()
             a[0] = 0.3 if (i // 5) % 2 else -0.3  # move a little so the scene changes
-            env.step(a)
+            obs, *_ = env.step(a)
         dt = time.perf_counter() - t0
+        images = env.images(obs) if profile is not None else None
     finally:
         env.close()
-    return {"steps_per_s": steps / dt, "ms_per_step": 1000 * dt / steps, "make_s": make_s, "steps": steps}
+    return {"steps_per_s": steps / dt, "ms_per_step": 1000 * dt / steps, "make_s": make_s, "steps": steps,
+            "_images": images}
 
 
 def episodes_per_hour(workers: int, items: list, image_size: int = 128) -> dict:
@@ -60,6 +62,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--quick", action="store_true", help="render profiles only, fewer steps (< 1 min)")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--out", default="", help="also write the JSON here (e.g. logs/record_bench_render.json)")
+    ap.add_argument("--png", default="", help="save the last frames of both profiles side by side (e.g. assets/record_render_profiles.png)")
     args = ap.parse_args(argv)
     steps = args.steps or (15 if args.quick else 40)
     load0 = os.getloadavg()
@@ -68,6 +71,17 @@ def main(argv: list[str]) -> int:
     res["reference"] = steps_per_s("reference", steps)
     res["fast"] = steps_per_s("fast", steps)
     res["fast_vs_reference"] = res["fast"]["steps_per_s"] / res["reference"]["steps_per_s"]
+    ref_img, fast_img = res["reference"].pop("_images"), res["fast"].pop("_images")
+    res["headless"].pop("_images")
+    if args.png:
+        import imageio.v3 as iio
+        import numpy as np
+
+        from tutorial_utils.io import atomic_path
+
+        grid = np.concatenate([np.concatenate(ref_img, 1), np.concatenate(fast_img, 1)], 0)  # rows: reference, fast
+        with atomic_path(args.png, suffix=".png") as tmp:
+            iio.imwrite(tmp, grid, extension=".png")
     if not args.quick:
         items = [(2, 0), (2, 1), (8, 0), (8, 1)]
         res["record_1_worker"] = episodes_per_hour(1, items)

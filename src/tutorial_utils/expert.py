@@ -492,3 +492,70 @@ if __name__ == "__main__":
     import sys
 
     raise SystemExit(main(sys.argv[1:]))
+
+
+# --- figures -------------------------------------------------------------------------------------
+
+#: Colours of the phases in figures.
+PHASE_COLORS = {"settle": "#bbbbbb", "approach": "#4c72b0", "descend": "#55a868", "close": "#c44e52",
+                "lift": "#8172b2", "transfer": "#ccb974", "lower": "#64b5cd", "release": "#e17c05",
+                "retreat": "#999999", "retry": "#000000", "plan": "#dddddd"}
+
+
+def trace_episode(suite: str = "libero_spatial", task_id: int = 0, init_state: int = 0, out: str | None = None) -> dict:
+    """Run the expert once headless and return (and optionally save as JSON) its trace:
+    phase, eef and bowl position, finger gap and action per step."""
+    from tutorial_utils import libero_env as le
+
+    env = le.make_env(suite, task_id, init_state, cameras=False)
+    try:
+        r = solve(env, trace=True)
+        trace = {"suite": suite, "task_id": task_id, "init_state": init_state, "task": env.task_language,
+                 "success": bool(r.success), "attempt": int(r.attempt), "phases": list(r.phases),
+                 "eef": r.trace["eef"].round(4).tolist(), "bowl": r.trace["bowl"].round(4).tolist(),
+                 "gap": np.round(r.trace["gap"], 4).tolist(), "actions": r.actions.round(3).tolist()}
+    finally:
+        env.close()
+    if out:
+        from tutorial_utils.io import atomic_write_json
+
+        atomic_write_json(out, trace, indent=None)
+    return trace
+
+
+def phase_segments(phases: list[str]) -> list[tuple[str, int, int]]:
+    """Runs of equal phases as (phase, first step, last step + 1)."""
+    segs: list[tuple[str, int, int]] = []
+    for i, p in enumerate(phases):
+        if segs and segs[-1][0] == p:
+            segs[-1] = (p, segs[-1][1], i + 1)
+        else:
+            segs.append((p, i, i + 1))
+    return segs
+
+
+def plot_phases(trace: dict):
+    """A figure of one expert episode: heights of gripper and bowl, finger gap, phases shaded."""
+    import matplotlib.pyplot as plt
+
+    eef, bowl, gap = np.array(trace["eef"]), np.array(trace["bowl"]), np.array(trace["gap"])
+    t = np.arange(len(eef))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 4.8), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    seen = set()
+    for phase, a, b in phase_segments(trace["phases"]):
+        for ax in (ax1, ax2):
+            ax.axvspan(a - 0.5, b - 0.5, color=PHASE_COLORS.get(phase, "#eeeeee"), alpha=0.25, lw=0,
+                       label=phase if (ax is ax1 and phase not in seen) else None)
+        seen.add(phase)
+    ax1.plot(t, eef[:, 2], color="k", label="gripper z")
+    ax1.plot(t, bowl[:, 2], color="#c44e52", lw=2, label="bowl z")
+    ax1.set_ylabel("height (m)")
+    ax1.legend(loc="upper right", ncol=4, fontsize=8)
+    ax1.set_title(f"expert on task {trace['task_id']}, init state {trace['init_state']}: {trace['task']}", fontsize=10)
+    ax2.plot(t, gap, color="k")
+    ax2.axhline(GAP_EMPTY, color="#c44e52", ls="--", lw=1)
+    ax2.text(0, GAP_EMPTY + 0.003, "closed on nothing below this", fontsize=8, color="#c44e52")
+    ax2.set_ylabel("finger gap (m)")
+    ax2.set_xlabel("control step (20 Hz, after the 10 settle steps)")
+    fig.tight_layout()
+    return fig

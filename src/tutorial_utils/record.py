@@ -410,3 +410,63 @@ if __name__ == "__main__":
     import sys
 
     raise SystemExit(main(sys.argv[1:]))
+
+
+# --- the schema check and the dataset card the chapter reads -------------------------------------
+
+
+def schema_report(dataset_root: str | os.PathLike, reference_size: int = 256) -> dict:
+    """Compare a dataset's features with the IPEC LIBERO schema (names, dtypes, shapes).
+
+    IPEC's images are ``reference_size`` square; a dataset recorded smaller differs only in
+    the image resolution, which ``shapes_equal_except_resolution`` allows.
+    """
+    from tutorial_utils.lerobot import libero_features
+
+    info = json.loads((Path(dataset_root) / "meta" / "info.json").read_text())
+    ours = info["features"]
+    ref = libero_features(reference_size)
+    names_equal = set(ours) == set(ref)
+    rows, dtypes_equal, shapes_equal, shapes_res = [], True, True, True
+    for key in ref:
+        o = ours.get(key, {})
+        same_dtype = o.get("dtype") == ref[key]["dtype"]
+        same_shape = list(o.get("shape", [])) == list(ref[key]["shape"])
+        res_only = same_shape or (ref[key]["dtype"] == "video" and len(o.get("shape", [])) == 3 and o["shape"][2] == 3)
+        dtypes_equal &= same_dtype
+        shapes_equal &= same_shape
+        shapes_res &= res_only
+        rows.append({"feature": key, "dtype": o.get("dtype"), "shape": o.get("shape"),
+                     "ipec_dtype": ref[key]["dtype"], "ipec_shape": ref[key]["shape"]})
+    return {"names_equal": names_equal, "dtypes_equal": dtypes_equal, "shapes_equal": shapes_equal,
+            "shapes_equal_except_resolution": shapes_res, "missing": sorted(set(ref) - set(ours)),
+            "extra": sorted(set(ours) - set(ref)), "rows": rows}
+
+
+def promote_dataset_card(dataset_root: str | os.PathLike, out: str | os.PathLike | None = None,
+                         wall_s: float | None = None) -> dict:
+    """Write ``logs/record_dataset.json``: totals, the recording summary, per-task counts, schema check."""
+    from tutorial_utils import paths
+
+    root = Path(dataset_root)
+    info = json.loads((root / "meta" / "info.json").read_text())
+    man = _read_manifest(root) or {}
+    per_task: dict[str, dict] = {}
+    for e in man.get("episodes", []):
+        row = per_task.setdefault(str(e["task_id"]), {"task": e["task"], "episodes": 0, "frames": 0, "failed": 0})
+        row["episodes"] += 1
+        row["frames"] += int(e.get("length", 0))
+    for f in man.get("failed", []):
+        per_task.setdefault(str(f["task_id"]), {"task": f.get("task", ""), "episodes": 0, "frames": 0, "failed": 0})["failed"] += 1
+    card = {"dataset": root.name, "codebase_version": info.get("codebase_version"), "fps": info.get("fps"),
+            "robot_type": info.get("robot_type"), "total_episodes": info.get("total_episodes"),
+            "total_frames": info.get("total_frames"), "total_tasks": info.get("total_tasks"),
+            "features": {k: {"dtype": v["dtype"], "shape": v["shape"]} for k, v in info["features"].items()},
+            "identity": man.get("identity"), "config": man.get("config"), "summary": man.get("summary"),
+            "per_task": per_task, "schema": schema_report(root)}
+    if wall_s is not None:
+        card["job_wall_s"] = round(float(wall_s), 1)
+    from tutorial_utils.io import atomic_write_json
+
+    atomic_write_json(Path(out) if out else paths.LOGS / "record_dataset.json", card)
+    return card
