@@ -297,3 +297,27 @@ def test_expert_without_privileged_state_is_refused(server):
         assert client.metadata["needs_privileged"] is True
         with pytest.raises(serving.ServerError, match="privileged"):
             client.infer(_obs())
+
+
+def test_expert_policy_fresh_controller_per_episode(monkeypatch):
+    from tutorial_utils import expert
+
+    made = []
+
+    class FakeExpert:
+        def __init__(self):
+            self.resets = []
+            made.append(self)
+
+        def reset(self, task_info):
+            self.resets.append(task_info)
+
+        def act(self, priv):
+            return np.arange(7, dtype=np.float64)
+
+    monkeypatch.setattr(expert, "ScriptedExpert", FakeExpert)
+    pol = policies.ExpertPolicy()
+    for ep in ("a", "a", "b"):
+        out = pol.infer({"privileged": {"episode_id": ep, "task_info": {"objects_of_interest": ["bowl", "plate"]}, "obs": {}}})
+    assert out["actions"].shape == (1, 7) and out["actions"].dtype == np.float32
+    assert len(made) == 2 and made[0].resets == [{"objects_of_interest": ["bowl", "plate"]}] and len(made[1].resets) == 1

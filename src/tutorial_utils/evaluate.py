@@ -467,6 +467,8 @@ def promote(run_dir: str | os.PathLike, logs_dir: Path | None = None, assets_dir
                 raise ValueError(f"{src} is {src.stat().st_size / 1e6:.1f} MB: too large to promote (limit {max_video_bytes / 1e6:.1f} MB)")
             done["video"] = atomic_write_bytes(assets_dir / f"{prefix}rollout.mp4", src.read_bytes())
             break
+    for path in done.values():
+        path.chmod(0o644)  # readable by the book build and web servers (temp files are created 0600)
     return done
 
 

@@ -83,8 +83,8 @@ class ExpertPolicy(Policy):
 
     It reads privileged simulator state, which the evaluation client sends under
     ``obs["privileged"]`` because ``metadata["needs_privileged"]`` is true:
-    ``{"episode_id": str, "task_info": {...}, "obs": {...}}``. A new ``episode_id`` resets the
-    controller with that episode's ``task_info``. One action per request (horizon 1).
+    ``{"episode_id": str, "task_info": {...}, "obs": {...}}``. A new ``episode_id`` starts a
+    fresh controller, reset with that episode's ``task_info``. One action per request (horizon 1).
     """
 
     name = "expert"
@@ -120,11 +120,13 @@ class ExpertPolicy(Policy):
                 f"'{PRIVILEGED_KEY}' map with 'obs' (and 'episode_id', 'task_info'). The evaluation client sends it "
                 "when the server's metadata says needs_privileged=True; other clients cannot drive the expert."
             )
-        ctrl = self._controller()
         episode = str(priv.get("episode_id", ""))
         if episode != self._episode:
-            ctrl.reset(priv.get("task_info") or {})
+            # a fresh controller per episode: nothing from the last episode can leak into this one
+            self._expert = None
+            self._controller().reset(priv.get("task_info") or {})
             self._episode = episode
+        ctrl = self._controller()
         action = np.asarray(ctrl.act(priv["obs"]), dtype=np.float32).reshape(1, 7)
         return {"actions": action}
 
