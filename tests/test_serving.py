@@ -321,3 +321,23 @@ def test_expert_policy_fresh_controller_per_episode(monkeypatch):
         out = pol.infer({"privileged": {"episode_id": ep, "task_info": {"objects_of_interest": ["bowl", "plate"]}, "obs": {}}})
     assert out["actions"].shape == (1, 7) and out["actions"].dtype == np.float32
     assert len(made) == 2 and made[0].resets == [{"objects_of_interest": ["bowl", "plate"]}] and len(made[1].resets) == 1
+
+
+def test_mini_policy_served_from_a_checkpoint(tmp_path):
+    """The registry's `mini` entry serves a (tiny, untrained) checkpoint of tutorial_utils.policy."""
+    torch = pytest.importorskip("torch")
+    from tutorial_utils import policy as P
+
+    torch.set_num_threads(1)
+    stats = {"franka": {"action": {"min": [-1] * 7, "max": [1] * 7, "mask": [True] * 6 + [False]},
+                        "state": {}, "num_trajectories": 1, "num_transitions": 1}}
+    cfg = P.PolicyConfig(image_size=32, model_dim=32, num_heads=2, action_depth=2, vocab_size=256, max_words=8)
+    ck = P.MiniPolicy(cfg, stats).save(tmp_path / "ck", {"dataset": {"image_size": 32, "gripper": "dataset"}})
+    pol = policies.make_policy("mini", checkpoint=str(ck))
+    with serving.ServerThread(pol) as srv, serving.PolicyClient(port=srv.port) as client:
+        md = client.metadata
+        assert md["policy"] == "mini" and md["image_size"] == 32 and md["gripper"] == "dataset" and not md["needs_privileged"]
+        reply = client.infer(_obs(32))
+        assert reply["actions"].shape == (md["action_horizon"], 7)
+        with pytest.raises(serving.ServerError, match=r"\(32, 32, 3\)"):
+            client.infer(_obs(224))

@@ -375,6 +375,17 @@ _TRAIN_STAGES = (
 )
 
 
+def _short(path: "str | _os.PathLike") -> str:
+    """``path`` relative to the repository when it lies inside it (what the book shows)."""
+    from tutorial_utils import paths
+
+    p = _Path(path).resolve()
+    try:
+        return p.relative_to(paths.REPO).as_posix()
+    except ValueError:
+        return str(path)
+
+
 def diagnose(run_dir: "str | _os.PathLike | None" = None, *, server_log: "str | _os.PathLike | None" = None,
              eval_log: "str | _os.PathLike | None" = None, train_log: "str | _os.PathLike | None" = None) -> Diagnosis:
     """Read a run's logs and say which success signs were seen and, when one is missing, which
@@ -391,7 +402,7 @@ def diagnose(run_dir: "str | _os.PathLike | None" = None, *, server_log: "str | 
         server_log = server_log or _first(run, ("server.log", "*server*.log"))
         eval_log = eval_log or _first(run, ("eval_*.log", "eval.log"), exclude="server")
         train_log = train_log or _first(run, ("train.log", "train_*.log"))
-    where = str(run) if run is not None else ", ".join(str(p) for p in (server_log, eval_log, train_log) if p)
+    where = _short(run) if run is not None else ", ".join(_short(p) for p in (server_log, eval_log, train_log) if p)
     for p in (server_log, eval_log, train_log):
         if p is not None and not _Path(p).is_file():
             raise FileNotFoundError(f"log file {p} not found")
