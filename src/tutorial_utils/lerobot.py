@@ -183,16 +183,23 @@ def _feature_stats(x: np.ndarray) -> dict:
             "std": x64.std(0).tolist(), "count": [int(x.shape[0])]}
 
 
-def _image_stats(frames: np.ndarray, max_samples: int = 100) -> dict:
-    """Per-channel stats of a (T,H,W,3) uint8 video in [0,1], shape (3,1,1) like LeRobot."""
-    t = frames.shape[0]
+def _image_stats(frames: np.ndarray, max_samples: int = 100, max_side: int = 64) -> dict:
+    """Per-channel stats of a (T,H,W,3) uint8 video in [0,1], shape (3,1,1) like LeRobot.
+
+    Like LeRobot, on a subset: up to ``max_samples`` frames, spatially strided to ``max_side``.
+    """
+    t, h, w = frames.shape[:3]
     idx = np.unique(np.linspace(0, t - 1, num=min(t, max_samples)).round().astype(int))
-    sub = frames[idx].astype(np.float32) / 255.0  # (n,H,W,3)
-    flat = sub.reshape(-1, sub.shape[-1]).astype(np.float64)
+    step = max(1, int(np.ceil(max(h, w) / max_side)))
+    sub = frames[idx, ::step, ::step]
+    ch = np.ascontiguousarray(np.moveaxis(sub, -1, 0)).reshape(sub.shape[-1], -1)  # (3, M) uint8
+    mean = ch.mean(axis=1, dtype=np.float64)
+    std = ch.std(axis=1, dtype=np.float64)
+
     def c11(v):
-        return [[[float(a)]] for a in v]
-    return {"min": c11(flat.min(0)), "max": c11(flat.max(0)), "mean": c11(flat.mean(0)),
-            "std": c11(flat.std(0)), "count": [int(len(idx))]}
+        return [[[float(a) / 255.0]] for a in v]
+    return {"min": c11(ch.min(axis=1)), "max": c11(ch.max(axis=1)), "mean": c11(mean),
+            "std": c11(std), "count": [int(len(idx))]}
 
 
 def aggregate_stats(per_episode: Sequence[dict]) -> dict:
@@ -377,6 +384,7 @@ class LeRobotWriter:
         self._data_keys = [k for k in self.features if k not in DEFAULT_FEATURES and k not in self.video_keys]
         self._episodes: list[dict] = []
         self._episode_stats: list[dict] = []
+        self._episode_stats_lines: list[str] = []
         self._tasks: dict[str, int] = {}
         self._total_frames = 0
         self._open_or_resume()
@@ -555,7 +563,8 @@ class LeRobotWriter:
         self._episodes.append({"episode_index": ep, "tasks": [task], "length": int(t)})
         self._episode_stats.append(stats)
         self._total_frames += t
-        self._write_tasks()
+        if new_task:
+            self._write_tasks()
         self._write_episodes_stats()
         atomic_write_text(self.root / EPISODES_PATH, _jsonl(self._episodes))
         self._write_info()
@@ -608,8 +617,11 @@ class LeRobotWriter:
         atomic_write_text(self.root / TASKS_PATH, _jsonl(rows))
 
     def _write_episodes_stats(self) -> None:
-        rows = [{"episode_index": i, "stats": s} for i, s in enumerate(self._episode_stats)]
-        atomic_write_text(self.root / EPISODES_STATS_PATH, _jsonl(rows))
+        lines = self._episode_stats_lines
+        for i in range(len(lines), len(self._episode_stats)):  # serialise each episode once
+            lines.append(json.dumps({"episode_index": i, "stats": self._episode_stats[i]}) + "\n")
+        del lines[len(self._episode_stats):]
+        atomic_write_text(self.root / EPISODES_STATS_PATH, "".join(lines))
 
     def _info(self) -> dict:
         n = self.num_episodes
