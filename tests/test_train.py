@@ -186,7 +186,7 @@ def test_dataset_without_modality_or_statistics(tmp_path):
         T.open_dataset(root)
     (root / "meta").mkdir(parents=True)
     (root / "meta" / "info.json").write_text("{}")
-    with pytest.raises(T.DatasetNotReady, match="modality.json is missing.*write_modality"):
+    with pytest.raises(T.DatasetNotReady, match="modality.json is missing.*build_modality"):
         T.open_dataset(root)
     (root / "meta" / "modality.json").write_text("{}")
     with pytest.raises(T.DatasetNotReady, match="stats_gr00t.json is missing.*tutorial_utils dataset stats"):
@@ -200,7 +200,7 @@ def test_two_step_smoke_test_on_a_lerobot_dataset(tmp_path, capsys):
     stats = pytest.importorskip("tutorial_utils.stats")
     modality = pytest.importorskip("tutorial_utils.modality")
     root = synth.generate_dataset(tmp_path / "ds", n_episodes=3, mean_length=12, image_size=32)
-    modality.write_modality(root)
+    modality.build_modality(root)
     stats.compute_all(root)
     out = tmp_path / "run"
     rc = T.main(["--dataset", str(root), "--output-dir", str(out), "steps=2", "batch_size=1", "logging_frequency=1",

@@ -412,8 +412,9 @@ def open_dataset(root: str | os.PathLike, run_dir: str | os.PathLike | None = No
     if not (root / "meta" / "modality.json").is_file():
         raise DatasetNotReady(
             f"{root}/meta/modality.json is missing: training needs the GR00T-style modality file that maps "
-            "state/action/video/annotation keys (FACTS.md section 2). Create it with tutorial_utils.modality "
-            "(write_modality(root)) and check it with `python -m tutorial_utils dataset validate DIR`."
+            "state/action/video/annotation keys (FACTS.md section 2). Create it with "
+            f"`python -c \"from tutorial_utils.modality import build_modality; build_modality('{root}')\"` "
+            "(DiT4DiT's LIBERO preset) and check it with `python -m tutorial_utils dataset validate DIR`."
         )
     stats_file = root / "meta" / "stats_gr00t.json"
     if not stats_file.is_file():
@@ -836,8 +837,10 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
             metrics_fh.write(json.dumps(row) + "\n")
             metrics_fh.flush()
 
-    def save(step: int, reason: str) -> Path | None:
-        if not (main and cfg.save_checkpoint):
+    def save(step: int, reason: str, force: bool = False) -> Path | None:
+        """A step_* checkpoint (policy + training state) and ``last`` pointing at it. ``force``
+        (a stop by signal) saves even with save_checkpoint=false, so the run can resume."""
+        if not (main and (cfg.save_checkpoint or force)):
             return None
         target = ckpt_root / step_dir_name(step)
         m = acc.unwrap_model(model)
@@ -878,6 +881,12 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
             try:
                 batch = next(it)
             except StopIteration:
+                break
+            except RuntimeError:
+                if stop.signum is None:
+                    raise
+                # Ctrl-C in a terminal reaches the DataLoader workers too; they exit, we stop.
+                stopped_by = signal.Signals(stop.signum).name
                 break
             t1 = time.perf_counter()
             gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + step * 101 + rank)
@@ -951,7 +960,7 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
     result_paths: dict[str, Any] = {}
     if stopped_by:
         acc.wait_for_everyone()
-        path = save(step, stopped_by)
+        path = save(step, stopped_by, force=True)
         acc.wait_for_everyone()
         log(L.TRAIN_STOPPED.format(signal=stopped_by, step=step, path=path))
         result_paths["checkpoint"] = str(path) if path else None
@@ -1011,7 +1020,7 @@ def prepare_metadata(root: str | os.PathLike) -> dict:
         except ImportError:
             raise DatasetNotReady(f"{root}/meta/modality.json is missing and tutorial_utils.modality is not installed "
                                   "to write it.") from None
-        fn = next((getattr(modality, n) for n in ("write_libero_modality", "write_modality", "write")
+        fn = next((getattr(modality, n) for n in ("build_modality", "write_libero_modality", "write_modality")
                    if callable(getattr(modality, n, None))), None)
         if fn is None:
             raise DatasetNotReady(f"{root}/meta/modality.json is missing and tutorial_utils.modality has no writer.")
