@@ -237,7 +237,12 @@ def to_policy_observation(request: Any, image_size: int | None = None) -> dict[s
 
 
 def to_reply(result: dict[str, Any], protocol: str) -> dict[str, Any]:
-    """The policy's result -> the reply for ``protocol``."""
+    """The policy's result -> the reply for ``protocol``.
+
+    For ``dit4dit`` the chunk is padded to 8 action dims under ``data.normalized_actions``; the
+    server normalises it first when the policy has ``normalize_actions`` (else the actions are
+    in robot units, which this package's own client expects).
+    """
     import numpy as np
 
     actions = np.asarray(result["actions"], dtype=np.float32)
@@ -331,6 +336,9 @@ class PolicyServer:
         protocol = detect_protocol(request)
         obs = to_policy_observation(request, self.image_size)
         result = self.policy.infer(obs)
+        if protocol == "dit4dit" and hasattr(self.policy, "normalize_actions"):
+            # a DiT4DiT client un-normalises with dataset_statistics.json itself
+            result = {**result, "actions": self.policy.normalize_actions(result["actions"])}
         return to_reply(result, protocol)
 
     async def _handler(self, ws) -> None:
