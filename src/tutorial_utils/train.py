@@ -396,13 +396,19 @@ class LeRobotSource:
                 "action_mask": np.asarray(s["action_mask"], bool), "instruction": s["task"]}
 
 
-def open_dataset(root: str | os.PathLike, run_dir: str | os.PathLike | None = None, cache_mb: int = 1024) -> LeRobotSource:
-    """Check a dataset is ready for training and open it; statistics go to ``run_dir``."""
+def _in_data(path: str | os.PathLike) -> Path:
+    """``path`` itself, or ``data/<path>`` when only that exists (a dataset given by name)."""
     from tutorial_utils import paths
 
-    root = Path(root)
-    if not root.exists() and not root.is_absolute() and (paths.DATA / root).exists():
-        root = paths.DATA / root
+    p = Path(path)
+    if not p.exists() and not p.is_absolute() and (paths.DATA / p).exists():
+        return paths.DATA / p
+    return p
+
+
+def open_dataset(root: str | os.PathLike, run_dir: str | os.PathLike | None = None, cache_mb: int = 1024) -> LeRobotSource:
+    """Check a dataset is ready for training and open it; statistics go to ``run_dir``."""
+    root = _in_data(root)
     if not (root / "meta" / "info.json").is_file():
         raise DatasetNotReady(
             f"{root}/meta/info.json not found: {root} is not a LeRobot v2.1 dataset. Record one with the "
@@ -1049,9 +1055,7 @@ def resolve_dataset(dataset: str, run_dir: str | os.PathLike) -> Path:
             generate_dataset(root, n_episodes=4, mean_length=16, image_size=64, n_tasks=2, seed=0)
         prepare_metadata(root)
         return root
-    p = Path(dataset)
-    if not p.is_absolute() and not p.exists() and (paths.DATA / dataset).exists():
-        p = paths.DATA / dataset
+    p = _in_data(dataset)
     if not (p / "meta" / "info.json").is_file():
         raise DatasetNotReady(
             f"dataset {dataset!r} not found (looked at {p} and {paths.DATA / dataset}). Record it with the record_demos "
