@@ -167,6 +167,9 @@ class ScriptedExpert:
         self._lift_from = None
         self._last_eef = None
         self._stall = 0
+        self._grasp_bowl = None
+        self._prev_gap = None
+        self._retry_z = 0.0
 
     # --- helpers ---------------------------------------------------------------------------
     def _obj(self, priv: dict, name: str) -> np.ndarray:
@@ -265,7 +268,7 @@ class ScriptedExpert:
             return self._move(priv, tgt, vmax=1.0, gain=1.2)
         if self.phase == "descend":
             # the grasp point follows the bowl if it was nudged
-            tgt = g.point + (bowl - self._grasp_bowl) if getattr(self, "_grasp_bowl", None) is not None else g.point
+            tgt = g.point + (bowl - self._grasp_bowl) if self._grasp_bowl is not None else g.point
             if self._phase_t == 0:
                 self._grasp_bowl = bowl.copy()
                 tgt = g.point

@@ -318,33 +318,17 @@ def record(output_dir: str | os.PathLike, cfg: RecordConfig, workers: int = 1, p
     return summary
 
 
-def write_metadata(root: str | os.PathLike) -> dict:
-    """meta/modality.json and statistics through ``tutorial_utils.modality`` / ``tutorial_utils.stats``.
+def write_metadata(root: str | os.PathLike, run_dir: str | os.PathLike | None = None) -> dict:
+    """``meta/modality.json`` (DiT4DiT's LIBERO modality map, validated against info.json) and the
+    statistics (``meta/stats_gr00t.json``, the step index, and ``<run_dir>/dataset_statistics.json``)
+    through :mod:`tutorial_utils.modality` and :mod:`tutorial_utils.stats`."""
+    from tutorial_utils import modality, stats
 
-    Returns what was written; a module that does not exist yet is reported, not faked.
-    """
-    out: dict[str, Any] = {}
-    try:
-        from tutorial_utils import modality  # noqa: F401
-    except ImportError:
-        out["modality"] = "tutorial_utils.modality is missing: meta/modality.json not written"
-    else:
-        out["modality"] = _call_first(modality, ("write_libero_modality", "write_modality", "write"), root)
-    try:
-        from tutorial_utils import stats  # noqa: F401
-    except ImportError:
-        out["stats"] = "tutorial_utils.stats is missing: stats_gr00t.json not written"
-    else:
-        out["stats"] = _call_first(stats, ("write_stats", "compute_stats", "write"), root)
-    return out
-
-
-def _call_first(module, names: tuple, root) -> Any:
-    for n in names:
-        fn = getattr(module, n, None)
-        if callable(fn):
-            return str(fn(root))
-    return f"{module.__name__} has none of {names}"
+    root = Path(root)
+    modality.build_modality(root, preset="libero")
+    st = stats.compute_all(root, run_dir=run_dir)
+    return {"modality": str(root / modality.MODALITY_PATH), **st["files"],
+            "num_trajectories": st["num_trajectories"], "num_transitions": st["num_transitions"]}
 
 
 # --- promotion into the book -------------------------------------------------------------------
