@@ -196,3 +196,27 @@ def test_one_real_recorded_episode(tmp_path):
     tasks = [json.loads(x)["task"] for x in (root / "meta" / "tasks.jsonl").read_text().splitlines()]
     assert tasks == ["pick up the black bowl from table center and place it on the plate"]
     del ep
+
+
+def test_parse_task_ids_and_output_dir(tmp_path):
+    assert rec.parse_task_ids("all") == tuple(range(10))
+    assert rec.parse_task_ids("0-2,5") == (0, 1, 2, 5)
+    assert rec.parse_task_ids(3) == (3,) and rec.parse_task_ids([1, 2]) == (1, 2)
+    with pytest.raises(rec.RecordError, match="task_ids"):
+        rec.parse_task_ids("zero")
+    assert rec.resolve_output_dir("run", tmp_path, "libero_spatial", 128) == tmp_path / "dataset"
+    assert rec.resolve_output_dir("", tmp_path, "libero_spatial", 128).name == "libero_spatial_no_noops_expert_128_lerobot"
+
+
+def test_schema_report_against_ipec(tmp_path):
+    root = tmp_path / "ds"
+    rec.record(root, cfg(task_ids=(0,), episodes_per_task=1), episode_fn=fake_item, progress=False, log=None)
+    rep = rec.schema_report(root)
+    assert rep["names_equal"] and rep["dtypes_equal"] and rep["shapes_equal_except_resolution"]
+    assert not rep["shapes_equal"]  # 32x32 images instead of IPEC's 256x256
+    card = rec.promote_dataset_card(root, out=tmp_path / "card.json")
+    assert card["total_episodes"] == 1 and card["per_task"]["0"]["episodes"] == 1
+    clip = rec.promote_episode(root, 0, assets_dir=tmp_path / "assets")
+    assert (tmp_path / "assets" / clip["primary"]).stat().st_size > 0
+    with pytest.raises(rec.RecordError, match="episode 5 does not exist"):
+        rec.promote_episode(root, 5, assets_dir=tmp_path / "assets")
