@@ -308,3 +308,16 @@ def test_job_helpers(tmp_path, source):
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and "val_action_mae" in rows[1] and "loss" in rows[1]
     assert [r["step"] for r in T.metrics_table(tmp_path / "run", every=3)] == [1, 4]
     assert T.main(["--list-params"]) == 0
+
+
+def test_run_job_writes_missing_metadata_and_status(tmp_path):
+    from tutorial_utils import jobs
+    from tutorial_utils.synth import generate_dataset
+
+    root = generate_dataset(tmp_path / "ds", n_episodes=2, mean_length=10, image_size=32)
+    assert not (root / "meta" / "modality.json").exists()
+    small = {k: v for k, v in TINY.items()}
+    res = T.run_job(tmp_path / "run", str(root), steps=2, batch_size=1, log_freq=1, **small)
+    assert res.steps_done == 2 and (root / "meta" / "modality.json").is_file()
+    status = jobs.read_status(tmp_path / "run")
+    assert status["signs"] == {"parameters counted": True, "first loss line": True, "training complete": True}

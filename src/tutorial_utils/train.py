@@ -1071,6 +1071,9 @@ def run_job(run_dir: str | os.PathLike, dataset: str, **params: Any) -> TrainRes
     from tutorial_utils.logs import parse_train_log
 
     root = resolve_dataset(dataset, run_dir)
+    wrote = prepare_metadata(root)  # DiT4DiT computes missing statistics too; here it is said out loud
+    for what, path in wrote.items():
+        print(f"{root.name}: wrote the missing {what} ({path})")
     cfg = TrainConfig.from_overrides({**params, "dataset": str(root), "output_dir": str(run_dir)})
     res = train(cfg)
     log = parse_train_log(Path(run_dir) / LOG_FILE)
