@@ -471,3 +471,4 @@ TRAIN_STOPPED = ("Training stopped by {signal} at step {step}; checkpoint saved 
 TRAIN_DISK_USAGE = "Disk usage: final_model {final}, run directory {run_dir}"
 TRAIN_FINAL_REMOVED = "Removed final_model (set KEEP_FINAL_MODEL=1 to keep it); run directory now {run_dir}"
 TRAIN_FINAL_KEPT = "KEEP_FINAL_MODEL=1: final_model kept ({final})"
+TRAIN_TIME_LIMIT = "Time limit of {minutes} min reached at step {step}; finishing the run"
