@@ -321,3 +321,12 @@ def test_run_job_writes_missing_metadata_and_status(tmp_path):
     assert res.steps_done == 2 and (root / "meta" / "modality.json").is_file()
     status = jobs.read_status(tmp_path / "run")
     assert status["signs"] == {"parameters counted": True, "first loss line": True, "training complete": True}
+
+
+def test_time_limit_finishes_the_run(tmp_path, source):
+    res = T.train(cfg(tmp_path, steps=10_000, batch_size=1, log_freq=0, eval_freq=0, time_limit_min=0.02), source=source)
+    assert res.summary["time_limited"] and 0 < res.steps_done < 10_000
+    text = (res.output_dir / "train.log").read_text()
+    assert "Time limit of 0.02 min reached" in text and "Training complete" in text
+    assert res.summary["best"]["step"] == res.steps_done  # a last validation at the stop
+    P.load_policy(res.output_dir / "checkpoints" / "last")

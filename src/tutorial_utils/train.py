@@ -94,6 +94,8 @@ class TrainConfig:
     log_freq: int = _p(10, "print the loss line and write a metrics row every N steps (alias "
                            "logging_frequency; 10-100)")
     save_freq: int = _p(3000, "save a checkpoint every N steps (alias save_interval; about 30% of steps)")
+    time_limit_min: float = _p(0.0, "stop after this many minutes of training and finish as if `steps` were reached "
+                                     "(checkpoint, final_model); a budget for the CPU chain. 0: no limit")
     save_checkpoint: bool = _p(True, "write checkpoints (step_*, last, best); off: only final_model")
     optimizer_lr: float = _p(1e-4, "peak learning rate of AdamW (1e-5..1e-4; lower when fine-tuning)", "optimizer")
     optimizer_weight_decay: float = _p(1e-4, "AdamW weight decay (0.0..0.01)", "optimizer")
@@ -864,11 +866,30 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
     dataset_meta = {"name": getattr(source, "name", ""), "image_size": (getattr(source, "image_shape", None) or [None])[0],
                     "gripper": "dataset"}  # LIBERO LeRobot data (IPEC, our recordings): 1 open, -1 close
 
+    last_val: dict = {}
+
+    def evaluate_now(step: int) -> None:
+        """Validation action error on the held-out episodes; a new best is saved to ``best``."""
+        nonlocal best, last_val
+        if not (main and len(val_pick)):
+            return
+        last_val = {**validate(), "step": step}
+        model.train()
+        improved = best["val_action_mae"] is None or last_val["val_action_mae"] < best["val_action_mae"]
+        if improved:
+            best = {"val_action_mae": last_val["val_action_mae"], "step": step}
+        write_metrics({**last_val, "best": improved, "time": time.time()})
+        log(L.TRAIN_VALIDATION.format(run_id=run_id, step=step, metrics={
+            "val_action_mae": round(last_val["val_action_mae"], 6), "best": improved}))
+        if improved and cfg.save_checkpoint:
+            P.save_policy(acc.unwrap_model(model), ckpt_root / "best", {"dataset": dataset_meta, "step": step, "val": last_val})
+
     stop = _Stop()
     stop.install()
     losses: list[tuple[int, float]] = []
     step = start_step
     stopped_by = None
+    time_limited = False
     bar = None
     if main and cfg.progress:
         from tqdm import tqdm
@@ -878,7 +899,6 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
     t_start = time.perf_counter()
     win = {"wait": 0.0, "total": 0.0, "samples": 0, "loss": []}
     total_wait = total_time = 0.0
-    last_val: dict = {}
     model.train()
     it = iter(loader)
     try:
@@ -933,26 +953,20 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
                                "data_wait_share": win["wait"] / max(win["total"], 1e-9), "epoch": step * cfg.batch_size * world / len(train_idx),
                                "time": time.time()})
                 win = {"wait": 0.0, "total": 0.0, "samples": 0, "loss": []}
-            do_eval = (cfg.eval_freq and step % cfg.eval_freq == 0) or step == cfg.steps
-            if do_eval and main and len(val_pick):
-                last_val = validate()
-                model.train()
-                improved = best["val_action_mae"] is None or last_val["val_action_mae"] < best["val_action_mae"]
-                if improved:
-                    best = {"val_action_mae": last_val["val_action_mae"], "step": step}
-                write_metrics({"step": step, **last_val, "best": improved, "time": time.time()})
-                log(L.TRAIN_VALIDATION.format(run_id=run_id, step=step, metrics={
-                    "val_action_mae": round(last_val["val_action_mae"], 6), "best": improved}))
-                if improved and cfg.save_checkpoint:
-                    P.save_policy(acc.unwrap_model(model), ckpt_root / "best",
-                                  {"dataset": dataset_meta, "step": step, "val": last_val})
+            if (cfg.eval_freq and step % cfg.eval_freq == 0) or step == cfg.steps:
+                evaluate_now(step)
             sig = stop.signum
-            if world > 1:
-                flag = torch.tensor([1.0 if sig else 0.0], device=device)
-                sig = signal.SIGTERM if float(acc.reduce(flag, reduction="sum").item()) > 0 else None
-                sig = stop.signum or sig
+            over = bool(cfg.time_limit_min) and time.perf_counter() - t_start > 60.0 * cfg.time_limit_min
+            if world > 1:  # every rank must take the same decision in the same step
+                flags = acc.reduce(torch.tensor([1.0 if sig else 0.0, 1.0 if over else 0.0], device=device), reduction="sum")
+                sig = stop.signum or (signal.SIGTERM if float(flags[0]) > 0 else None)
+                over = float(flags[1]) > 0
             if sig:
                 stopped_by = signal.Signals(sig).name
+                break
+            if over:
+                time_limited = True
+                log(L.TRAIN_TIME_LIMIT.format(minutes=cfg.time_limit_min, step=step))
                 break
             if cfg.save_freq and step % cfg.save_freq == 0 and step < cfg.steps:
                 save(step, "periodic")
@@ -971,6 +985,8 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
         log(L.TRAIN_STOPPED.format(signal=stopped_by, step=step, path=path))
         result_paths["checkpoint"] = str(path) if path else None
     else:
+        if time_limited and last_val.get("step") != step:
+            evaluate_now(step)
         acc.wait_for_everyone()
         if main:
             if cfg.save_checkpoint and step > start_step:
@@ -994,6 +1010,7 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
 
     summary = {
         "run_id": run_id, "steps": cfg.steps, "start_step": start_step, "steps_done": step, "stopped_by": stopped_by,
+        "time_limited": time_limited,
         "world_size": world, "batch_size": cfg.batch_size, "parameters": counts, "frozen_modules": frozen,
         "first_loss": losses[0][1] if losses else None, "last_loss": losses[-1][1] if losses else None,
         "wall_s": round(wall, 3), "samples_per_s": (step - start_step) * cfg.batch_size * world / max(total_time, 1e-9),
