@@ -81,6 +81,22 @@ LIBERO_ACTION_NAMES = ["x", "y", "z", "roll", "pitch", "yaw", "gripper"]
 LIBERO_STATE_DIM = 8
 LIBERO_ACTION_DIM = 7
 
+#: What each dimension means in the LIBERO datasets (FACTS.md sections 5 and 9). Gripper
+#: convention of the published datasets: +1 = open, -1 = close (robosuite wants the opposite).
+LIBERO_DIM_MEANING = {
+    "observation.state": [
+        "end-effector x, world frame (m)", "end-effector y, world frame (m)", "end-effector z, world frame (m)",
+        "end-effector orientation, axis-angle x (rad)", "end-effector orientation, axis-angle y (rad)",
+        "end-effector orientation, axis-angle z (rad)", "left finger position (m, ~0.04 open)",
+        "right finger position (m, ~-0.04 open)",
+    ],
+    "action": [
+        "delta x (1.0 = 5 cm)", "delta y (1.0 = 5 cm)", "delta z (1.0 = 5 cm)",
+        "delta rotation x (1.0 = 0.5 rad)", "delta rotation y (1.0 = 0.5 rad)", "delta rotation z (1.0 = 0.5 rad)",
+        "gripper command (+1 open, -1 close in the dataset)",
+    ],
+}
+
 #: Video encoding: h264 in yuv420p is what every LeRobot 0.3.x video backend decodes.
 VIDEO_CODEC = "libx264"
 VIDEO_CODEC_NAME = "h264"
@@ -1041,6 +1057,44 @@ class LeRobotDataset:
                 "features": {k: {"dtype": v["dtype"], "shape": v["shape"]} for k, v in self.features.items()}}
 
 
+def file_tree(root: str | os.PathLike, per_dir: int = 2) -> list[dict]:
+    """Rows (path, files, bytes) describing a dataset folder: every folder with its file
+    count and size, and the first ``per_dir`` files of each (for the book's anatomy table)."""
+    root = Path(root)
+    rows = []
+    for d in sorted([root] + [p for p in root.rglob("*") if p.is_dir()]):
+        files = sorted(p for p in d.iterdir() if p.is_file() and not p.name.startswith("."))
+        if not files:
+            continue
+        rel = d.relative_to(root).as_posix()
+        rows.append({"path": (rel if rel != "." else "") + "/", "files": len(files),
+                     "bytes": sum(p.stat().st_size for p in files)})
+        for p in files[:per_dir]:
+            rows.append({"path": p.relative_to(root).as_posix(), "files": 1, "bytes": p.stat().st_size})
+        if len(files) > per_dir:
+            rows.append({"path": f"{rel}/... ({len(files) - per_dir} more)", "files": len(files) - per_dir,
+                         "bytes": sum(p.stat().st_size for p in files[per_dir:])})
+    return rows
+
+
+def parquet_columns(ds: "LeRobotDataset", episode: int = 0) -> list[dict]:
+    """One row per parquet column of an episode: arrow type, info.json dtype/shape, first value."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(ds.data_path(episode))
+    rows = []
+    for name in table.column_names:
+        ft = ds.features.get(name, {})
+        first = table.column(name)[0].as_py()
+        if isinstance(first, float):
+            first = round(first, 4)
+        elif isinstance(first, list):
+            first = [round(x, 3) for x in first]
+        rows.append({"column": name, "arrow type": str(table.schema.field(name).type),
+                     "dtype": ft.get("dtype"), "shape": ft.get("shape"), "first row": first})
+    return rows
+
+
 def decode_all_frames_checked(path: Path) -> np.ndarray:
     try:
         return decode_all_frames(path)
@@ -1130,6 +1184,6 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "CODEBASE_VERSION", "LIBERO_FPS", "LIBERO_ROBOT_TYPE", "LIBERO_CAMERAS", "LIBERO_STATE_NAMES",
-    "LIBERO_ACTION_NAMES", "DatasetError", "Episode", "LeRobotDataset", "LeRobotWriter", "libero_features",
+    "LIBERO_ACTION_NAMES", "LIBERO_DIM_MEANING", "DatasetError", "file_tree", "parquet_columns", "Episode", "LeRobotDataset", "LeRobotWriter", "libero_features",
     "encode_video", "probe_video", "decode_all_frames", "aggregate_stats", "episode_grouped_order", "main",
 ]

@@ -67,9 +67,24 @@ def _numeric_features(root: Path) -> dict:
     return {k: v for k, v in info["features"].items() if v["dtype"] not in ("video", "image", "string")}
 
 
-def load_columns(root: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Every numeric column of every parquet, concatenated in episode order, as (N, D) arrays."""
-    import pyarrow.dataset as pads
+def _read_one(path: Path, columns: list[str]):
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(path, memory_map=True)
+    missing = [c for c in columns if c not in pf.schema_arrow.names]
+    if missing:
+        raise DatasetError(path, missing[0], f"column is missing (columns: {pf.schema_arrow.names})",
+                           "re-write the episode with every feature of meta/info.json")
+    return pf.read(columns=columns, use_threads=False)
+
+
+def load_columns(root: str | os.PathLike, threads: int = 16) -> dict[str, np.ndarray]:
+    """Every numeric column of every parquet, concatenated in episode order, as (N, D) arrays.
+
+    Files are read by a pool of threads (pyarrow releases the GIL), one file per task.
+    """
+    import pyarrow as pa
+    from concurrent.futures import ThreadPoolExecutor
 
     root = Path(root)
     feats = _numeric_features(root)
@@ -77,19 +92,25 @@ def load_columns(root: str | os.PathLike) -> dict[str, np.ndarray]:
     if not files:
         raise DatasetError(root / "data", None, "no parquet files under data/*/",
                            "point at the dataset root, or download / record the data first")
-    dataset = pads.dataset([str(f) for f in files], format="parquet")
-    missing = [k for k in feats if k not in dataset.schema.names]
-    if missing:
-        raise DatasetError(root / "data", missing[0], "column is missing in the parquet files",
-                           "re-write the episodes with every feature of meta/info.json")
-    table = dataset.to_table(columns=list(feats), use_threads=True)
+    columns = list(feats)
+    with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
+        tables = list(pool.map(lambda f: _read_one(f, columns), files))
+    try:
+        table = pa.concat_tables(tables)
+    except pa.ArrowInvalid:  # a file whose column types differ: name it
+        for f, t in zip(files, tables):
+            if not t.schema.equals(tables[0].schema):
+                raise DatasetError(f, None, f"column types differ from {files[0].name} ({t.schema} vs "
+                                   f"{tables[0].schema})", "re-write the episode with the dataset's writer") from None
+        raise
     out = {}
     for k, ft in feats.items():
         arr = _column_to_numpy(table, k, ft, root / "data")
         out[k] = arr.reshape(len(arr), -1)
-    order = np.argsort(out["index"][:, 0], kind="stable") if "index" in out else None
-    if order is not None and not np.all(order[:-1] < order[1:]):
-        out = {k: v[order] for k, v in out.items()}
+    if "index" in out:
+        order = np.argsort(out["index"][:, 0], kind="stable")
+        if not np.array_equal(order, np.arange(len(order))):
+            out = {k: v[order] for k, v in out.items()}
     return out
 
 
@@ -207,17 +228,17 @@ def compute_all(root: str | os.PathLike, run_dir: str | os.PathLike | None = Non
 
 
 def reference_stats_pandas(root: str | os.PathLike) -> dict:
-    """The upstream method, for comparison: pandas reads every parquet, concat, then stats."""
+    """The upstream method, for comparison (GR00T-style loaders do this when the stats file is
+    missing): pandas reads every parquet, concatenates them, then each column is stacked row
+    by row (``np.vstack`` of ``np.asarray(row, float32)``) before the same statistics."""
     import pandas as pd
 
     root = Path(root)
-    frames = [pd.read_parquet(p) for p in data_files(root)]
-    df = pd.concat(frames, ignore_index=True)
+    df = pd.concat([pd.read_parquet(p) for p in data_files(root)], axis=0)
     out = {}
     for col in df.columns:
-        values = df[col].to_numpy()
-        arr = np.stack(values) if values.dtype == object else values
-        out[col] = column_stats(np.asarray(arr, dtype=np.float64))
+        rows = np.vstack([np.asarray(x, dtype=np.float32) for x in df[col]])
+        out[col] = column_stats(rows)
     return out
 
 

@@ -46,7 +46,7 @@ def synth_episode(length: int, image_size: int, rng: np.random.Generator) -> dic
     state = np.concatenate([pos, rot, finger[:, None], -finger[:, None]], axis=1).astype(np.float32)
     dpos = np.diff(pos, axis=0, append=pos[-1:]) / 0.05 * 5  # 1.0 ~ 5 cm
     drot = np.diff(rot, axis=0, append=rot[-1:]) / 0.5
-    grip = np.where(closed, 1.0, -1.0)
+    grip = np.where(closed, -1.0, 1.0)  # the published datasets' convention: +1 open, -1 close
     action = np.clip(np.concatenate([dpos, drot, grip[:, None]], axis=1), -1, 1).astype(np.float32)
     frames = {key: _render(pos, closed, image_size, wrist=(i == 1), rng=rng) for i, key in enumerate(LIBERO_CAMERAS)}
     return {"observation.state": state, "action": action, **frames}
