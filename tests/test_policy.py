@@ -182,5 +182,7 @@ def test_serving_adapter(tmp_path):
     out = sp.infer(obs)
     assert out["actions"].shape == (8, 7) and out["actions"].dtype == np.float32
     assert np.array_equal(out["actions"], sp.infer(obs)["actions"])  # seeded noise: deterministic
+    back = sp.policy.normalizer.unnormalize(sp.normalize_actions(out["actions"]), clip=False)
+    assert np.allclose(back, out["actions"], atol=1e-5)
     md = sp.metadata
     assert md["policy"] == "mini" and md["action_horizon"] == 8 and md["replan_steps"] == 8 and md["image_size"] == 48

@@ -678,4 +678,9 @@ def load_serving_policy(checkpoint: str | os.PathLike, device: str = "cpu", repl
             )
             return {"actions": actions}
 
+        def normalize_actions(self, actions) -> np.ndarray:
+            """Robot units -> the normalised space of ``dataset_statistics.json`` (what a
+            DiT4DiT client expects under ``data.normalized_actions``; it un-normalises itself)."""
+            return policy.normalizer.normalize(np.asarray(actions, dtype=np.float32)).astype(np.float32)
+
     return MiniServingPolicy()
