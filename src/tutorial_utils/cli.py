@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("tutorial_utils.serving", "run a websocket policy server"),
     "eval": ("tutorial_utils.evaluate", "run the LIBERO evaluation client"),
     "train": ("tutorial_utils.train", "train the mini policy"),
+    "pipeline": ("tutorial_utils.pipeline", "the main job: record -> train -> evaluate -> promote (reuses finished runs)"),
     "logs": ("tutorial_utils.logs", "parse run logs and diagnose which stage failed"),
 }
 

@@ -1,0 +1,73 @@
+"""The main job's chain: stages pass outputs forward, and a second run reuses finished runs."""
+
+import json
+
+from conftest import write_notebook
+from tutorial_utils import jobs, logs, pipeline, train_report
+
+
+def _stage_notebooks(folder):
+    write_notebook(folder / "make.md", [("code", "from tutorial_utils import jobs\njobs.update_status(run_dir, signs={'dataset': f'/data/{n}'})")],
+                   params="n = 3\nrun_dir = ''")
+    write_notebook(folder / "use.md", [("code", "from pathlib import Path\nPath(run_dir, 'used.txt').write_text(dataset)\n"
+                                                "from tutorial_utils import jobs\njobs.update_status(run_dir, used=dataset)")],
+                   params="dataset = ''\nrun_dir = ''")
+
+
+def test_chain_passes_outputs_and_reuses_finished_runs(tmp_path, runs_dir, monkeypatch):
+    nbs = tmp_path / "jobs"
+    _stage_notebooks(nbs)
+    monkeypatch.setattr(pipeline.paths, "JOBS", nbs)
+    stages = [
+        pipeline.Stage("make", "make.md", lambda ctx: {}, lambda rd, st: {"dataset": st["signs"]["dataset"]}),
+        pipeline.Stage("use", "use.md", lambda ctx: {"dataset": ctx["dataset"]}, lambda rd, st: {"used": st["used"]}),
+    ]
+    first = pipeline.run(stages, echo=False)
+    assert first["used"] == "/data/3"
+    assert [t["reused"] for t in first["timings"]] == [False, False]
+    again = pipeline.run(stages, echo=False)
+    assert [t["reused"] for t in again["timings"]] == [True, True]
+    assert again["use_run"] == first["use_run"]
+
+
+def test_stage_without_outputs_fails_clearly(tmp_path):
+    import pytest
+
+    with pytest.raises(RuntimeError, match="names no dataset"):
+        pipeline._record_outputs(tmp_path, {"signs": {}})
+    with pytest.raises(RuntimeError, match="left no checkpoint"):
+        pipeline._train_outputs(tmp_path, {"train": {"best_checkpoint": str(tmp_path / "nope")}})
+
+
+LOG = """Total parameters: 2,804,359 (2.804M)
+Trainable parameters: 1,539,079 (1.539M)
+Frozen parameters: 1,265,280 (1.265M)
+Trainable ratio: 54.88%
+  Total optimization steps = 2
+  len(vla_train_dataloader) = 52
+[Exp: r] Step 1, Loss: {'action_dit_loss': 1.69, 'total_loss': 1.69}
+[Exp: r] Step 2, Loss: {'action_dit_loss': 2.42, 'total_loss': 2.42}
+Training complete. Final model saved at /x/final_model
+"""
+
+
+def test_smoke_test_signs_seen_and_missing(tmp_path):
+    (tmp_path / "train.log").write_text(LOG)
+    signs = train_report.smoke_test_signs(logs.parse_train_log(tmp_path / "train.log"), steps=2)
+    assert all(r["seen"] for r in signs)
+    (tmp_path / "train.log").write_text("\n".join(l for l in LOG.splitlines() if "Step 2" not in l and "complete" not in l))
+    missing = [r["sign"] for r in train_report.smoke_test_signs(logs.parse_train_log(tmp_path / "train.log"), steps=2) if not r["seen"]]
+    assert missing == ["Step 2, Loss: {...}", "Training complete. Final model saved"]
+
+
+def test_promote_copies_a_finished_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").write_text(LOG)
+    (run / "summary.json").write_text(json.dumps({"steps": 2}))
+    out = train_report.promote(run, prefix="t_", logs_dir=tmp_path / "logs")
+    assert sorted(p.name for p in out.values()) == ["t_summary.json", "t_train.log"]
+    import pytest
+
+    with pytest.raises(FileNotFoundError, match="finished training run"):
+        train_report.promote(tmp_path / "logs", logs_dir=tmp_path / "x")
