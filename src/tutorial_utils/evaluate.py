@@ -454,10 +454,19 @@ def promote(run_dir: str | os.PathLike, logs_dir: Path | None = None, assets_dir
     done: dict[str, Path] = {}
     targets = {"server_log": (run / SERVER_LOG, logs_dir / f"{prefix}server.log"),
                "eval_log": (eval_log, logs_dir / eval_log.name if eval_log.name.startswith(prefix) else logs_dir / f"{prefix}{eval_log.name}"),
-               "results": (results_path, logs_dir / f"{prefix}results.json")}
+               }
     for key, (src, dst) in targets.items():
         atomic_write_bytes(dst, src.read_bytes())
         done[key] = dst
+    # the book's copy names the run directory relative to the repository, not this machine's path
+    book_results = json.loads(json.dumps(results))
+    cfg = book_results.get("config", {})
+    if cfg.get("output_dir"):
+        try:
+            cfg["output_dir"] = Path(cfg["output_dir"]).resolve().relative_to(paths.REPO).as_posix()
+        except ValueError:
+            pass
+    done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", book_results)
     out_root = Path(results.get("config", {}).get("output_dir") or run)
     videos = [ep.get("video") for t in results.get("tasks", []) for ep in t.get("episodes", []) if ep.get("success") and ep.get("video")]
     for rel in videos:
