@@ -202,7 +202,7 @@ def test_chain_names_server_stage_when_policy_unavailable(tmp_path):
     with pytest.raises(evaluate.StageFailed) as exc:
         evaluate.run_chain(policy="dit4dit", run_dir=tmp_path / "run", server_timeout=60)
     assert exc.value.stage == "server"
-    assert "GPU checkout" in str(exc.value)
+    assert "GPU checkout" in str(exc.value) and "the policy cannot be served here" in str(exc.value)
     status = json.loads((tmp_path / "run" / "status.json").read_text())
     assert status["stage"] == "server" and status["success_signs"]["server running"] is False
 

@@ -26,6 +26,7 @@ SERVER_CONNECTION_FROM = "Connection from {addr} opened"
 SERVER_CONNECTION_CLOSED = "Connection from {addr} closed"
 SERVER_REQUEST_ERROR = "request from {addr} failed: {error}"
 SERVER_STOPPED = "server stopped after {requests} requests ({errors} errors)"
+SERVER_POLICY_UNAVAILABLE = "cannot serve policy {policy}: {reason}"
 
 # --- LIBERO client (eval_libero.py / openpi examples/libero/main.py) ------------------------
 EVAL_TASK = "Task: {task}"
@@ -159,8 +160,9 @@ def parse_server_log(source: "str | _os.PathLike") -> dict[str, _Any]:
     lines = _text(source).splitlines()
     res: dict[str, _Any] = {"running": False, "listening": [], "connections_open": 0, "connections_from": [],
                             "connections_closed": 0, "request_errors": [], "port_in_use": False, "errors": _errors(lines),
-                            "stopped": False}
+                            "stopped": False, "policy_unavailable": []}
     stopped = pattern(SERVER_STOPPED)
+    unavailable = pattern(SERVER_POLICY_UNAVAILABLE)
     for ln in lines:
         if _SERVER_RUNNING.search(ln):
             res["running"] = True
@@ -180,6 +182,8 @@ def parse_server_log(source: "str | _os.PathLike") -> dict[str, _Any]:
             res["port_in_use"] = True
         if stopped.search(ln):
             res["stopped"] = True
+        if (m := unavailable.search(ln)):
+            res["policy_unavailable"].append(m.group("reason"))
     return res
 
 
@@ -306,9 +310,8 @@ def _diagnose_eval(d: Diagnosis, server_log: _Path | None, eval_log: _Path | Non
         d.failed_stage = "server"
         if srv["port_in_use"]:
             d.causes.append("the port is already in use by another process: pick another `port` (0 picks a free one)")
+        d.causes += [f"the policy cannot be served here: {r}" for r in srv["policy_unavailable"]]
         d.causes += [f"the server crashed at startup: {e}" for e in srv_errors[-2:]]
-        if "not available" in _text(server_log):
-            d.causes.append("the policy is not available on this machine (see the server log line for what it needs)")
         d.causes.append("the server's packages or checkpoint failed to load: read server.log from the top")
         return
     if not d.signs["connection open"]:

@@ -617,7 +617,7 @@ def main(argv: list[str]) -> int:
     try:
         policy = policies.make_policy(args.policy, checkpoint=args.checkpoint or None)
     except policies.PolicyUnavailable as exc:
-        logger.error(str(exc))
+        logger.error(_logs.SERVER_POLICY_UNAVAILABLE.format(policy=args.policy, reason=exc))
         return 3
     server = PolicyServer(policy, args.host, args.port, infer_in_thread=args.infer_in_thread)
 
