@@ -242,6 +242,9 @@ def test_promote(tmp_path):
     out = evaluate.promote(run, tmp_path / "logs", tmp_path / "assets")
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["eval_libero_spatial.log", "eval_results.json", "eval_server.log"]
     assert out["video"].read_bytes() == b"fake video" and out["video"].name == "eval_rollout.mp4"
+    other = evaluate.promote(run, tmp_path / "logs3", tmp_path / "assets3", prefix="eval_mini_")
+    assert sorted(p.name for p in other.values()) == ["eval_mini_libero_spatial.log", "eval_mini_results.json",
+                                                      "eval_mini_rollout.mp4", "eval_mini_server.log"]
     (run / "eval_libero_spatial.log").write_text(eval_log(finish=False))
     with pytest.raises(ValueError, match="success checks"):
         evaluate.promote(run, tmp_path / "logs2", tmp_path / "assets2")

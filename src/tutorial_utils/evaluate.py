@@ -433,9 +433,11 @@ def promote(run_dir: str | os.PathLike, logs_dir: Path | None = None, assets_dir
             prefix: str = "eval_", max_video_bytes: int = 2_000_000) -> dict[str, Path]:
     """Copy a finished evaluation run's real artifacts for the book (atomically):
 
-    ``server.log`` -> ``logs/eval_server.log``, ``eval_<suite>.log`` -> ``logs/eval_<suite>.log``,
-    ``results.json`` -> ``logs/eval_results.json``, and the first successful episode's video
-    -> ``assets/eval_rollout.mp4`` (refused when larger than ``max_video_bytes``).
+    ``server.log`` -> ``logs/<prefix>server.log``, ``eval_<suite>.log`` -> ``logs/<prefix><suite>.log``,
+    ``results.json`` -> ``logs/<prefix>results.json``, and the first successful episode's video
+    (else the first video) -> ``assets/<prefix>rollout.mp4`` (refused when larger than
+    ``max_video_bytes``). Only a run whose logs pass :func:`tutorial_utils.logs.diagnose` is
+    promoted; a low success rate is still a valid run.
     """
     from tutorial_utils import paths
 
@@ -453,7 +455,7 @@ def promote(run_dir: str | os.PathLike, logs_dir: Path | None = None, assets_dir
     eval_log = run / eval_log_name(suite)
     done: dict[str, Path] = {}
     targets = {"server_log": (run / SERVER_LOG, logs_dir / f"{prefix}server.log"),
-               "eval_log": (eval_log, logs_dir / eval_log.name if eval_log.name.startswith(prefix) else logs_dir / f"{prefix}{eval_log.name}"),
+               "eval_log": (eval_log, logs_dir / f"{prefix}{suite}.log"),
                }
     for key, (src, dst) in targets.items():
         atomic_write_bytes(dst, src.read_bytes())
@@ -468,7 +470,8 @@ def promote(run_dir: str | os.PathLike, logs_dir: Path | None = None, assets_dir
             pass
     done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", book_results)
     out_root = Path(results.get("config", {}).get("output_dir") or run)
-    videos = [ep.get("video") for t in results.get("tasks", []) for ep in t.get("episodes", []) if ep.get("success") and ep.get("video")]
+    episodes = [ep for t in results.get("tasks", []) for ep in t.get("episodes", []) if ep.get("video")]
+    videos = [ep["video"] for ep in episodes if ep.get("success")] + [ep["video"] for ep in episodes if not ep.get("success")]
     for rel in videos:
         src = out_root / rel if (out_root / rel).is_file() else run / rel
         if src.is_file():
