@@ -289,3 +289,13 @@ def test_server_killed_mid_real_evaluation(tmp_path):
     assert "ServerDied" in text and "closed the connection" in text
     d = logs.diagnose(tmp_path)
     assert d.failed_stage == "evaluation" and any("ServerDied" in c for c in d.causes)
+
+
+def test_relative_paths_resolve_for_the_child_processes(tmp_path, monkeypatch):
+    from tutorial_utils import paths
+
+    (tmp_path / "ck").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert evaluate._absolute("ck") == tmp_path / "ck"  # exists here
+    assert evaluate._absolute("runs/x/checkpoints/last") == paths.REPO / "runs/x/checkpoints/last"  # else the repo
+    assert evaluate._absolute("/abs/path") == Path("/abs/path")

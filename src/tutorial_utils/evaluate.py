@@ -364,7 +364,8 @@ def run_chain(
 
     t0 = time.monotonic()
     rd = jobs.ensure_run_dir(run_dir or None, "evaluate")
-    out_dir = Path(output_dir) if output_dir else rd
+    out_dir = _absolute(output_dir) if output_dir else rd
+    checkpoint = os.fspath(_absolute(checkpoint)) if checkpoint else ""  # the children run in the run dir
     out_dir.mkdir(parents=True, exist_ok=True)
     port = int(port) or serving.free_port()
     server_log, eval_log = rd / SERVER_LOG, rd / eval_log_name(suite)
@@ -418,6 +419,17 @@ def run_chain(
     if out_dir != rd:
         shutil.copy2(results_path, rd / RESULTS_FILE)
     return ChainResult(rd, results, d, server_log, eval_log, round(time.monotonic() - t0, 1), stages)
+
+
+def _absolute(path: str | os.PathLike) -> Path:
+    """A relative path as the caller means it: from the current directory if it exists there,
+    else from the repository (job notebooks run with the repository as their directory)."""
+    from tutorial_utils import paths
+
+    p = Path(path).expanduser()
+    if p.is_absolute():
+        return p
+    return (Path.cwd() / p).resolve() if (Path.cwd() / p).exists() else (paths.REPO / p).resolve()
 
 
 def _causes(d) -> str:
