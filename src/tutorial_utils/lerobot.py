@@ -299,44 +299,100 @@ _INHERITED: list = []
 
 
 class _EpisodeVideo:
-    """Decode one episode's video forward on demand and keep the decoded frames."""
+    """Decode one episode's video on demand and keep the decoded frames.
 
-    def __init__(self, path: Path, expected: int):
+    Frames just ahead of the decoder are reached by decoding forward; a frame far ahead (or
+    behind) by seeking to the keyframe before it first, so random access costs at most about
+    one GOP of decoding (the writer uses a GOP of one second). Frame numbers come from the
+    packets' timestamps, so they match the parquet's ``frame_index``.
+    """
+
+    def __init__(self, path: Path, expected: int, fps: int):
+        self.path, self.expected, self.fps = path, expected, fps
+        self.container = None
+        self._open()
+        self.time_base = float(self.stream.time_base)
+        self.start = self.stream.start_time or 0
+        self.frames: dict[int, Any] = {}  # decoded av.VideoFrame (yuv), or its RGB array once asked for
+        self.nbytes = 0
+        self._iter = None
+        self._next = 0  # frame number the iterator produces next
+        self.window = max(int(fps), 8)  # decode forward rather than seek when this close
+
+    def _open(self) -> None:
         import av
 
-        self.path, self.expected = path, expected
         try:
-            self.container = av.open(str(path))
-            stream = self.container.streams.video[0]
-            stream.thread_type = "NONE"
-            self._iter = self.container.decode(stream)
+            self.container = av.open(str(self.path))
+            self.stream = self.container.streams.video[0]
+            self.stream.thread_type = "NONE"
         except Exception as exc:
-            raise DatasetError(path, None, f"cannot be opened as a video ({type(exc).__name__}: {exc})",
+            self.container = None
+            raise DatasetError(self.path, None, f"cannot be opened as a video ({type(exc).__name__}: {exc})",
                                "re-download the file, or re-record the episode; "
                                "`python -m tutorial_utils dataset validate ROOT --deep` lists every bad file") from None
-        self.frames: list[np.ndarray] = []
-        self.nbytes = 0
+        self._iter = None
+
+    def _index(self, frame) -> int:
+        if frame.pts is None:
+            return self._next
+        return int(round((frame.pts - self.start) * self.time_base * self.fps))
+
+    def _fail(self, k: int, exc: BaseException | None) -> DatasetError:
+        self.close()
+        if exc is None:
+            return DatasetError(self.path, f"frame {k}", f"the video ends before frame {k} but the parquet has "
+                                f"{self.expected} rows", "re-encode or re-record this episode")
+        return DatasetError(self.path, f"frame {k}", f"decoding failed ({type(exc).__name__}: {exc}); the file is "
+                            "probably truncated", "re-download the file, or re-record the episode")
 
     def get(self, k: int) -> np.ndarray:
-        while len(self.frames) <= k:
+        got = self._decoded(k)
+        if not isinstance(got, np.ndarray):
+            got = _rgb(got)
+            self.frames[k] = got
+            self.nbytes += got.nbytes // 2  # yuv420 was counted as half of rgb
+        return got
+
+    def _decoded(self, k: int):
+        got = self.frames.get(k)
+        if got is not None:
+            return got
+        if self.container is None:
+            if len(self.frames) >= self.expected:  # everything was decoded and k is not there
+                raise self._fail(k, None)
+            self._open()  # closed to save file handles: reopen
+        if self._iter is None or not (self._next <= k <= self._next + self.window):
+            if k > 0 and (self._iter is not None or k > self.window):
+                target = int(k / self.fps / self.time_base) + self.start
+                try:
+                    self.container.seek(target, stream=self.stream, backward=True, any_frame=False)
+                except Exception as exc:
+                    raise self._fail(k, exc) from None
+            elif self._iter is not None:
+                self.container.seek(self.start, stream=self.stream, backward=True, any_frame=False)
+            self._iter = self.container.decode(self.stream)
+            self._next = -1
+        while True:
             try:
                 frame = next(self._iter)
             except StopIteration:
-                self.close()
-                raise DatasetError(self.path, f"frame {k}",
-                                   f"the video has only {len(self.frames)} frames but the parquet has "
-                                   f"{self.expected} rows", "re-encode or re-record this episode") from None
+                raise self._fail(k, None) from None
             except Exception as exc:
-                self.close()
-                raise DatasetError(self.path, f"frame {len(self.frames)}",
-                                   f"decoding failed ({type(exc).__name__}: {exc}); the file is probably truncated",
-                                   "re-download the file, or re-record the episode") from None
-            arr = frame.to_ndarray(format="rgb24")
-            self.frames.append(arr)
-            self.nbytes += arr.nbytes
+                raise self._fail(k, exc) from None
+            idx = self._index(frame)
+            self._next = idx + 1
+            if idx not in self.frames:
+                self.frames[idx] = frame
+                self.nbytes += frame.width * frame.height * 3 // 2
             if len(self.frames) >= self.expected:
                 self.close()
-        return self.frames[k]
+            if idx >= k:
+                break
+        got = self.frames.get(k)
+        if got is None:
+            raise self._fail(k, None)
+        return got
 
     def close(self) -> None:
         c = getattr(self, "container", None)
@@ -346,6 +402,24 @@ class _EpisodeVideo:
             except Exception:
                 pass
             self.container = None
+            self._iter = None
+
+
+_RGB: dict[int, Any] = {}
+
+
+def _rgb(frame) -> np.ndarray:
+    """A decoded frame as (H,W,3) uint8 RGB, through one reusable converter per process
+    (about 25x faster than ``frame.to_ndarray(format="rgb24")``, which builds a new swscale
+    context for every frame)."""
+    pid = os.getpid()
+    conv = _RGB.get(pid)
+    if conv is None:
+        from av.video.reformatter import VideoReformatter
+
+        # (a converter inherited through fork stays referenced and unused, like decoders)
+        conv = _RGB[pid] = VideoReformatter()
+    return conv.reformat(frame, format="rgb24").to_ndarray()
 
 
 def decode_all_frames(path: str | os.PathLike) -> np.ndarray:
@@ -353,7 +427,7 @@ def decode_all_frames(path: str | os.PathLike) -> np.ndarray:
     import av
 
     with av.open(str(path)) as c:
-        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+        return np.stack([_rgb(f) for f in c.decode(video=0)])
 
 
 # --------------------------------------------------------------------------------------
@@ -972,7 +1046,7 @@ class LeRobotDataset:
             import pyarrow.parquet as pq
 
             path = self.data_path(ep)
-            table = pq.read_table(path, columns=self.data_keys)
+            table = pq.ParquetFile(path, memory_map=True).read(columns=self.data_keys, use_threads=False)
             got = {k: _column_to_numpy(table, k, self.features[k], path) for k in self.data_keys}
             if len(next(iter(got.values()))) != self.lengths[ep]:
                 raise DatasetError(path, "length", "row count changed since the dataset was opened",
@@ -987,10 +1061,13 @@ class LeRobotDataset:
         if vid is not None:
             self._video_cache.move_to_end(k)
             return vid
-        vid = _EpisodeVideo(self.video_path(ep, key), int(self.lengths[ep]))
+        vid = _EpisodeVideo(self.video_path(ep, key), int(self.lengths[ep]), self.fps)
         self._video_cache[k] = vid
         self._evict()
         return vid
+
+    #: Open decoders (file handles) kept per process; older ones are closed, frames stay cached.
+    MAX_OPEN_DECODERS = 32
 
     def _evict(self) -> None:
         self._video_bytes = sum(v.nbytes for v in self._video_cache.values())
@@ -998,11 +1075,17 @@ class LeRobotDataset:
             _, old = self._video_cache.popitem(last=False)
             old.close()
             self._video_bytes -= old.nbytes
+        open_ = [v for v in self._video_cache.values() if v.container is not None]
+        for v in open_[: max(0, len(open_) - self.MAX_OPEN_DECODERS)]:
+            v.close()
 
     def frame(self, ep: int, key: str, frame_index: int) -> np.ndarray:
         """One camera frame (H,W,3) uint8."""
-        frame = self._video(ep, key).get(frame_index)
-        if len(self._video_cache) > 1:
+        vid = self._video(ep, key)
+        before = vid.nbytes
+        frame = vid.get(frame_index)
+        self._video_bytes += vid.nbytes - before
+        if self._video_bytes > self.cache_bytes:
             self._evict()
         return frame
 
