@@ -31,13 +31,13 @@ $(STAMP)/venv: requirements.txt pyproject.toml | $(STAMP)/system
 	$(PY) -m pip install -q -r requirements.txt
 	@touch $@
 
-_vendor/vendor/embed-amd.js: | $(STAMP)/venv
+_vendor/.vendored: | $(STAMP)/venv
 	$(PY) -m tutorial_utils book vendor
 
 system: $(STAMP)/system
 venv: $(STAMP)/venv
-vendor: _vendor/vendor/embed-amd.js
-setup: $(STAMP)/system $(STAMP)/venv _vendor/vendor/embed-amd.js
+vendor: _vendor/.vendored
+setup: $(STAMP)/system $(STAMP)/venv _vendor/.vendored
 
 # --- the book ---------------------------------------------------------------------------------
 ipynb: setup

@@ -18,6 +18,7 @@ def _throwaway_book(root: Path, failing: bool) -> Path:
     (root / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: nb\n")
     (root / "intro.md").write_text("# Throwaway book\n\nA page.\n")
     (root / "_vendor").mkdir()
+    (root / "_vendor_extra").mkdir()
     (root / "assets").mkdir()
     shutil.copy(REPO / "assets" / "favicon.svg", root / "assets" / "favicon.svg")
     cell = "raise RuntimeError('deliberate failure')" if failing else "print('fine')"

@@ -22,12 +22,26 @@ from pathlib import Path
 
 from tutorial_utils import paths
 
-VENDOR_DIR = paths.REPO / "_vendor" / "vendor"
-#: npm packages and the one file each contributes (FACTS.md section 10).
+VENDOR_ROOT = paths.REPO / "_vendor"
+VENDOR_DIR = VENDOR_ROOT / "vendor"
+#: The offline book's JavaScript, from npm (FACTS.md section 10): package -> [(member prefix in
+#: the tarball, destination folder)]. ``_vendor`` is copied into ``_static`` (html_static_path);
+#: ``_vendor_extra`` into the site root (html_extra_path), where the widget manager looks for its
+#: fonts relative to the notebook pages.
 VENDOR_FILES = {
-    "requirejs@2.3.7": ("package/require.js", "require.js"),
-    "@jupyter-widgets/html-manager@1.0.6": ("package/dist/embed-amd.js", "embed-amd.js"),
+    "requirejs@2.3.7": [("package/require.js", VENDOR_DIR)],
+    "@jupyter-widgets/html-manager@1.0.6": [
+        ("package/dist/embed-amd.js", VENDOR_DIR),
+        ("package/dist/*.woff2", paths.REPO / "_vendor_extra" / "notebooks" / "@jupyter-widgets" / "html-manager" / "dist"),
+        ("package/dist/*.woff", paths.REPO / "_vendor_extra" / "notebooks" / "@jupyter-widgets" / "html-manager" / "dist"),
+        ("package/dist/*.ttf", paths.REPO / "_vendor_extra" / "notebooks" / "@jupyter-widgets" / "html-manager" / "dist"),
+    ],
+    "mathjax@3.2.2": [
+        ("package/es5/tex-mml-chtml.js", VENDOR_DIR / "mathjax"),
+        ("package/es5/output/chtml/fonts/woff-v2/*", VENDOR_DIR / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2"),
+    ],
 }
+VENDOR_STAMP = VENDOR_ROOT / ".vendored"
 JB_HEADER_KEY = "jupytext"
 
 
@@ -117,30 +131,36 @@ def build(root: Path = paths.REPO, builder: str = "html", clean: bool = False, e
     return subprocess.run(jb_command(root, builder), env=run_env).returncode
 
 
-def vendor_widgets(dest: Path = VENDOR_DIR) -> list[Path]:
-    """Fetch require.js and the ipywidgets HTML manager from npm into ``dest`` (skips files
-    that are already there)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    got = []
+def vendor_widgets(stamp: Path = VENDOR_STAMP) -> list[Path]:
+    """Fetch the book's JavaScript (require.js, the ipywidgets HTML manager and its fonts,
+    MathJax) from npm, so pages render offline. Skipped when already done."""
+    import fnmatch
+
+    from tutorial_utils.io import atomic_write_bytes, atomic_write_text
+
+    if stamp.is_file():
+        return [Path(p) for p in stamp.read_text().split()]
     npm = shutil.which("npm")
-    for spec, (member, name) in VENDOR_FILES.items():
-        out = dest / name
-        if out.is_file() and out.stat().st_size > 0:
-            got.append(out)
-            continue
-        if not npm:
-            raise RuntimeError(f"{out} is missing and npm is not installed: install Node.js/npm (Debian: `apt-get install -y npm`) and rerun `make vendor`")
+    if not npm:
+        raise RuntimeError("the book's JavaScript is not vendored yet and npm is not installed: install Node.js/npm "
+                           "(Debian: `apt-get install -y npm`) and rerun `make vendor`")
+    got: list[Path] = []
+    for spec, members in VENDOR_FILES.items():
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run([npm, "pack", spec, "--silent"], cwd=tmp, check=True, stdout=subprocess.DEVNULL)
             tgz = next(Path(tmp).glob("*.tgz"))
             with tarfile.open(tgz) as tf:
-                data = tf.extractfile(member)
-                if data is None:
-                    raise RuntimeError(f"{spec}: {member} not found in the npm package")
-                from tutorial_utils.io import atomic_write_bytes
-
-                atomic_write_bytes(out, data.read())
-        got.append(out)
+                names = tf.getnames()
+                for pattern, dest in members:
+                    matched = [n for n in names if fnmatch.fnmatch(n, pattern)]
+                    if not matched:
+                        raise RuntimeError(f"{spec}: nothing matches {pattern} in the npm package")
+                    for name in matched:
+                        data = tf.extractfile(name)
+                        out = dest / Path(name).name
+                        atomic_write_bytes(out, data.read())
+                        got.append(out)
+    atomic_write_text(stamp, "\n".join(map(str, got)) + "\n")
     return got
 
 
