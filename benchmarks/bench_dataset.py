@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("| statistics + step index            | seconds |")
     print("|------------------------------------|--------:|")
-    print(f"| cold (pyarrow, threaded, all files)| {cold_s:7.3f} |")
+    print(f"| cold (pyarrow, all files)          | {cold_s:7.3f} |")
     print(f"| warm (fingerprint cache hit)       | {warm_s:7.4f} |")
     print(f"| reference (pandas concat, upstream)| {ref_s:7.3f} |")
     print(f"| speed-up cold vs reference         | {ref_s / cold_s:6.1f}x |")

@@ -78,10 +78,12 @@ def _read_one(path: Path, columns: list[str]):
     return pf.read(columns=columns, use_threads=False)
 
 
-def load_columns(root: str | os.PathLike, threads: int = 16) -> dict[str, np.ndarray]:
+def load_columns(root: str | os.PathLike, threads: int = 1) -> dict[str, np.ndarray]:
     """Every numeric column of every parquet, concatenated in episode order, as (N, D) arrays.
 
-    Files are read by a pool of threads (pyarrow releases the GIL), one file per task.
+    Each file is read with ``pq.ParquetFile(...).read`` (memory-mapped, no thread pool):
+    for hundreds of small files that is ~4x cheaper than ``pq.read_table`` per file, and on a
+    busy 2-core machine a thread pool only adds overhead (``threads > 1`` enables one).
     """
     import pyarrow as pa
     from concurrent.futures import ThreadPoolExecutor
@@ -93,8 +95,11 @@ def load_columns(root: str | os.PathLike, threads: int = 16) -> dict[str, np.nda
         raise DatasetError(root / "data", None, "no parquet files under data/*/",
                            "point at the dataset root, or download / record the data first")
     columns = list(feats)
-    with ThreadPoolExecutor(max(1, min(threads, len(files)))) as pool:
-        tables = list(pool.map(lambda f: _read_one(f, columns), files))
+    if threads > 1:
+        with ThreadPoolExecutor(min(threads, len(files))) as pool:
+            tables = list(pool.map(lambda f: _read_one(f, columns), files))
+    else:
+        tables = [_read_one(f, columns) for f in files]
     try:
         table = pa.concat_tables(tables)
     except pa.ArrowInvalid:  # a file whose column types differ: name it
@@ -115,13 +120,26 @@ def load_columns(root: str | os.PathLike, threads: int = 16) -> dict[str, np.nda
 
 
 def column_stats(x: np.ndarray) -> dict:
-    """mean/std/min/max/q01/q99 over axis 0 (float64 maths, lists out)."""
-    x = np.asarray(x, dtype=np.float64)
+    """mean/std/min/max/q01/q99 over axis 0 (float64 maths, lists out).
+
+    Quantiles use linear interpolation (numpy's default), computed with one partial sort
+    of each dimension laid out contiguously (about 2x faster than ``np.quantile(axis=0)``).
+    """
+    x = np.asarray(x)
     if x.ndim == 1:
         x = x[:, None]
-    q01, q99 = np.quantile(x, [0.01, 0.99], axis=0)
-    return {"mean": x.mean(0).tolist(), "std": x.std(0).tolist(), "min": x.min(0).tolist(),
-            "max": x.max(0).tolist(), "q01": q01.tolist(), "q99": q99.tolist()}
+    xt = np.ascontiguousarray(x.T, dtype=np.float64)  # (D, N)
+    n = xt.shape[1]
+    lo, hi = (n - 1) * 0.01, (n - 1) * 0.99
+    kth = sorted({int(np.floor(lo)), int(np.ceil(lo)), int(np.floor(hi)), int(np.ceil(hi))})
+    part = np.partition(xt, kth, axis=1)
+
+    def quantile(pos: float) -> np.ndarray:
+        f, c = int(np.floor(pos)), int(np.ceil(pos))
+        return part[:, f] + (part[:, c] - part[:, f]) * (pos - f)
+
+    return {"mean": xt.mean(1).tolist(), "std": xt.std(1).tolist(), "min": xt.min(1).tolist(),
+            "max": xt.max(1).tolist(), "q01": quantile(lo).tolist(), "q99": quantile(hi).tolist()}
 
 
 def compute_stats_gr00t(columns: dict[str, np.ndarray]) -> dict:
@@ -237,8 +255,10 @@ def reference_stats_pandas(root: str | os.PathLike) -> dict:
     df = pd.concat([pd.read_parquet(p) for p in data_files(root)], axis=0)
     out = {}
     for col in df.columns:
-        rows = np.vstack([np.asarray(x, dtype=np.float32) for x in df[col]])
-        out[col] = column_stats(rows)
+        rows = np.vstack([np.asarray(x, dtype=np.float32) for x in df[col]]).astype(np.float64)
+        out[col] = {"mean": np.mean(rows, axis=0).tolist(), "std": np.std(rows, axis=0).tolist(),
+                    "min": np.min(rows, axis=0).tolist(), "max": np.max(rows, axis=0).tolist(),
+                    "q01": np.quantile(rows, 0.01, axis=0).tolist(), "q99": np.quantile(rows, 0.99, axis=0).tolist()}
     return out
 
 
