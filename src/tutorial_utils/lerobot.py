@@ -1186,12 +1186,13 @@ def decode_all_frames_checked(path: Path) -> np.ndarray:
                            "truncated", "re-download the file, or re-record the episode") from None
 
 
-def episode_grouped_order(lengths: Sequence[int], seed: int = 0, block: int = 64) -> np.ndarray:
-    """A shuffled order of all global frame indices that keeps blocks of one episode together.
+def episode_grouped_order(lengths: Sequence[int], seed: int = 0) -> np.ndarray:
+    """A shuffled order of all global frame indices that visits one episode at a time.
 
-    Episodes are shuffled, each episode is cut into blocks of ``block`` frames (in shuffled
-    order), and blocks are interleaved only within a small window, so each decoder cache
-    sees the same episode many times in a row. Use it as a DataLoader ``sampler``.
+    Episodes come in shuffled order and the frames of each episode in shuffled order, so a
+    reader decodes each episode's videos once and serves all its frames from the cache
+    (random order across the whole dataset re-opens and seeks a video for almost every
+    sample). Use it as a DataLoader ``sampler``; batches then mix few episodes.
     """
     rng = np.random.default_rng(seed)
     lengths = np.asarray(lengths, dtype=np.int64)
