@@ -190,12 +190,13 @@ def test_one_real_recorded_episode(tmp_path):
                    progress=False, log=None)
     assert s["episodes"] == 1 and s["noops_dropped"] >= 1  # at least the expert's first settle action
     ds = LeRobotDataset(root)
-    ep = ds.episode(0) if hasattr(ds, "episode") else None
+    assert ds.num_episodes == 1 and ds.num_frames == s["frames"]
     info = json.loads((root / "meta" / "info.json").read_text())
     assert info["features"]["observation.images.image"]["shape"] == [SIZE, SIZE, 3]
     tasks = [json.loads(x)["task"] for x in (root / "meta" / "tasks.jsonl").read_text().splitlines()]
     assert tasks == ["pick up the black bowl from table center and place it on the plate"]
-    del ep
+    man = json.loads((root / rec.MANIFEST).read_text())
+    assert man["episodes"][0]["recorded_by"] == "replay"  # the headless search replays exactly
 
 
 def test_parse_task_ids_and_output_dir(tmp_path):

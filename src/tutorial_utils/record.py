@@ -166,10 +166,12 @@ def record_item(cfg: RecordConfig, item: tuple[int, int]) -> dict:
                                                                render_profile=cfg.render_profile))
     cam.reset(init)
     frames, ok, dropped = replay(cam, found.actions)
-    if not ok:  # the replay diverged (should not happen: MuJoCo is deterministic): run closed loop
+    how = "replay"
+    if not ok:  # the replay diverged (tiny state differences between reused envs): run closed loop
         res = ex.run_episode(cam, attempt=found.attempt)
         frames, ok, dropped = replay(cam, res.actions) if res.success else (frames, False, dropped)
-    out.update(success=bool(ok), frames=frames if ok else None, noops_dropped=int(dropped),
+        how = "closed_loop_with_cameras"
+    out.update(success=bool(ok), frames=frames if ok else None, noops_dropped=int(dropped), recorded_by=how,
                length=int(len(frames["action"])), replay_s=round(time.time() - t1, 2))
     return out
 
