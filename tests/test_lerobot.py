@@ -169,6 +169,7 @@ def test_writer_resume_and_discard_half_written(tmp_path):
     # simulate a crash in the middle of episode 2: files written, never committed
     (root / "data/chunk-000/episode_000002.parquet").write_bytes(b"half")
     (root / "videos/chunk-000/observation.images.image/.episode_000002.mp4.xyz.mp4").write_bytes(b"tmp")
+    w.close()  # the crashed writer's process is gone, and its lock with it
     w2 = LeRobotWriter(root, libero_features(SIZE), 20)
     assert w2.num_episodes == 2 and w2.num_frames == 21
     assert not (root / "data/chunk-000/episode_000002.parquet").exists()
@@ -186,6 +187,7 @@ def test_writer_commit_requires_all_files(tmp_path):
     w.add_episode(_episode(10, 0), "a")
     w.add_episode(_episode(10, 1), "a")
     (root / "videos/chunk-000/observation.images.wrist_image/episode_000001.mp4").unlink()
+    w.close()
     w2 = LeRobotWriter(root, libero_features(SIZE), 20)
     assert w2.num_episodes == 1
     w2.finalize()
@@ -404,3 +406,16 @@ def test_seek_random_access_long_episode(tmp_path):
     for idx in order:
         s = ds.sample(idx)
         np.testing.assert_array_equal(s["observation.images.image"][0], ref[s["episode_index"]][s["frame_index"]])
+
+
+def test_a_second_writer_on_the_same_dataset_is_refused(tmp_path):
+    from tutorial_utils.lerobot import DatasetError, LeRobotWriter, libero_features
+
+    root = tmp_path / "ds"
+    first = LeRobotWriter(root, libero_features(32), fps=20)
+    with pytest.raises(DatasetError, match="another writer .* is writing this dataset"):
+        LeRobotWriter(root, libero_features(32), fps=20)
+    first.close()
+    second = LeRobotWriter(root, libero_features(32), fps=20)  # free again once the first is done
+    second.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ds.writer.lock", "ds"]

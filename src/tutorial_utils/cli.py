@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "job": ("tutorial_utils.jobs", "run a job notebook with papermill (`job run NOTEBOOK -p key value`)"),
     "book": ("tutorial_utils.book", "notebook twins, book build, page checks"),
     "dataset": ("tutorial_utils.lerobot", "inspect, validate and generate LeRobot v2.1 datasets"),
+    "record": ("tutorial_utils.record", "record LIBERO demonstrations with the scripted expert"),
+    "expert": ("tutorial_utils.expert", "the scripted expert's success table over tasks and init states"),
     "serve": ("tutorial_utils.serving", "run a websocket policy server"),
     "eval": ("tutorial_utils.evaluate", "run the LIBERO evaluation client"),
     "train": ("tutorial_utils.train", "train the mini policy"),

@@ -477,7 +477,37 @@ class LeRobotWriter:
         self._episode_stats_lines: list[str] = []
         self._tasks: dict[str, int] = {}
         self._total_frames = 0
+        self._lock_fd = self._take_lock()
         self._open_or_resume()
+
+    def _take_lock(self) -> int:
+        """One writer per dataset: a second one (another job resuming the same folder) fails
+        clearly instead of interleaving episodes. The lock sits beside the folder, so an empty
+        folder stays empty, and the OS drops it when the process dies."""
+        import fcntl
+
+        lock = self.root.parent / f".{self.root.name}.writer.lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise DatasetError(self.root, None, f"another writer (pid {holder}) is writing this dataset",
+                               "wait for that job to finish (or stop it) and run again: it resumes") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+
+    def close(self) -> None:
+        """Release the writer lock (``finalize`` first if you want the metadata written)."""
+        if getattr(self, "_lock_fd", None) is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __del__(self) -> None:
+        self.close()
 
     # -- opening -----------------------------------------------------------------------
     def _open_or_resume(self) -> None:
@@ -748,8 +778,11 @@ class LeRobotWriter:
         return self
 
     def __exit__(self, *exc) -> None:
-        if exc[0] is None:
-            self.finalize()
+        try:
+            if exc[0] is None:
+                self.finalize()
+        finally:
+            self.close()
 
 
 # --------------------------------------------------------------------------------------

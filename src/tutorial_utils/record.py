@@ -296,6 +296,7 @@ def record(output_dir: str | os.PathLike, cfg: RecordConfig, workers: int = 1, p
                     log(f"expert failed on task {res['task_id']} init {res['init_state']}: skipped")
             if bar is not None:
                 bar.update(1)
+        writer.finalize()
     except BaseException:
         # the episode being written when this happened is not committed: drop its intent
         man["episodes"] = [e for e in man["episodes"] if e["episode_index"] < writer.num_episodes]
@@ -304,7 +305,7 @@ def record(output_dir: str | os.PathLike, cfg: RecordConfig, workers: int = 1, p
     finally:
         if bar is not None:
             bar.close()
-    writer.finalize()
+        writer.close()
     wall = time.time() - t0
     lengths = [e["length"] for e in man["episodes"]]
     summary = {

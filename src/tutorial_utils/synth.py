@@ -101,13 +101,16 @@ def generate_dataset(root: str | os.PathLike, n_episodes: int = 3, mean_length: 
         raise ValueError(f"lengths has {len(lengths)} entries for {n_episodes} episodes")
     tasks = [SYNTH_TASKS[i % len(SYNTH_TASKS)] for i in range(max(1, n_tasks))]
     writer = LeRobotWriter(root, libero_features(image_size), fps, LIBERO_ROBOT_TYPE, preset=preset)
-    for ep in range(writer.num_episodes, n_episodes):
-        ep_rng = np.random.default_rng([seed, ep])
-        writer.add_episode(synth_episode(lengths[ep], image_size, ep_rng), tasks[ep % len(tasks)])
-        if progress and (ep + 1) % 50 == 0:
-            print(f"  wrote {ep + 1}/{n_episodes} episodes", flush=True)
-    if finalize:
-        writer.finalize()
+    try:
+        for ep in range(writer.num_episodes, n_episodes):
+            ep_rng = np.random.default_rng([seed, ep])
+            writer.add_episode(synth_episode(lengths[ep], image_size, ep_rng), tasks[ep % len(tasks)])
+            if progress and (ep + 1) % 50 == 0:
+                print(f"  wrote {ep + 1}/{n_episodes} episodes", flush=True)
+        if finalize:
+            writer.finalize()
+    finally:
+        writer.close()
     return root
 
 
