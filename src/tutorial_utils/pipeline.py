@@ -83,15 +83,24 @@ def run(stages: list[Stage] | None = None, until: str | None = None, echo: bool 
     return ctx
 
 
+#: where each profile's chain is promoted (the chapters read the ``cpu`` files); a ``ci`` chain
+#: is a smoke run of the machinery and is not promoted.
+PROMOTE_PREFIXES = {"cpu": ("train_cpu_", "eval_mini_"), "gpu": ("train_gpu_", "eval_mini_gpu_")}
+
+
 def promote(ctx: dict[str, Any]) -> list[Path]:
     """Copy the chain's small real outputs into logs/ and assets/ (the stage modules do it)."""
     from tutorial_utils import evaluate, train_report
 
+    prefixes = PROMOTE_PREFIXES.get(ctx["profile"])
+    if prefixes is None:
+        print(f"[pipeline] profile {ctx['profile']!r}: smoke-sized runs are not promoted into logs/ and assets/")
+        return []
     out: list[Path] = []
     if ctx.get("train_run"):
-        out += list(train_report.promote(ctx["train_run"], prefix="train_cpu_").values())
+        out += list(train_report.promote(ctx["train_run"], prefix=prefixes[0]).values())
     if ctx.get("eval_run"):
-        out += list(evaluate.promote(ctx["eval_run"], prefix="eval_mini_").values())
+        out += list(evaluate.promote(ctx["eval_run"], prefix=prefixes[1]).values())
     return [Path(p) for p in out]
 
 
