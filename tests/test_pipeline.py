@@ -7,7 +7,7 @@ from tutorial_utils import jobs, logs, pipeline, train_report
 
 
 def _stage_notebooks(folder):
-    write_notebook(folder / "make.md", [("code", "from tutorial_utils import jobs\njobs.update_status(run_dir, signs={'dataset': f'/data/{n}'})")],
+    write_notebook(folder / "make.md", [("code", "from tutorial_utils import jobs\njobs.update_status(run_dir, success_signs={'dataset': f'/data/{n}'})")],
                    params="n = 3\nrun_dir = ''")
     write_notebook(folder / "use.md", [("code", "from pathlib import Path\nPath(run_dir, 'used.txt').write_text(dataset)\n"
                                                 "from tutorial_utils import jobs\njobs.update_status(run_dir, used=dataset)")],
@@ -19,7 +19,7 @@ def test_chain_passes_outputs_and_reuses_finished_runs(tmp_path, runs_dir, monke
     _stage_notebooks(nbs)
     monkeypatch.setattr(pipeline.paths, "JOBS", nbs)
     stages = [
-        pipeline.Stage("make", "make.md", lambda ctx: {}, lambda rd, st: {"dataset": st["signs"]["dataset"]}),
+        pipeline.Stage("make", "make.md", lambda ctx: {}, lambda rd, st: {"dataset": st["success_signs"]["dataset"]}),
         pipeline.Stage("use", "use.md", lambda ctx: {"dataset": ctx["dataset"]}, lambda rd, st: {"used": st["used"]}),
     ]
     first = pipeline.run(stages, echo=False)
@@ -34,7 +34,7 @@ def test_stage_without_outputs_fails_clearly(tmp_path):
     import pytest
 
     with pytest.raises(RuntimeError, match="names no dataset"):
-        pipeline._record_outputs(tmp_path, {"signs": {}})
+        pipeline._record_outputs(tmp_path, {"success_signs": {}})
     with pytest.raises(RuntimeError, match="left no checkpoint"):
         pipeline._train_outputs(tmp_path, {"train": {"best_checkpoint": str(tmp_path / "nope")}})
 

@@ -320,7 +320,7 @@ def test_run_job_writes_missing_metadata_and_status(tmp_path):
     res = T.run_job(tmp_path / "run", str(root), steps=2, batch_size=1, log_freq=1, **small)
     assert res.steps_done == 2 and (root / "meta" / "modality.json").is_file()
     status = jobs.read_status(tmp_path / "run")
-    assert status["signs"] == {"parameters counted": True, "first loss line": True, "training complete": True}
+    assert status["success_signs"] == {"parameters counted": True, "first loss line": True, "training complete": True}
 
 
 def test_time_limit_finishes_the_run(tmp_path, source):

@@ -34,7 +34,7 @@ class Stage:
 
 
 def _record_outputs(run_dir: Path, status: dict) -> dict:
-    signs = status.get("signs") or status.get("success_signs") or {}
+    signs = status.get("success_signs") or {}
     if not signs.get("dataset"):
         raise RuntimeError(f"{run_dir}/status.json names no dataset: the recording job did not finish its check cell")
     return {"dataset": signs["dataset"]}

@@ -1096,7 +1096,7 @@ def run_job(run_dir: str | os.PathLike, dataset: str, **params: Any) -> TrainRes
     log = parse_train_log(Path(run_dir) / LOG_FILE)
     signs = {"parameters counted": log["total_params"] is not None, "first loss line": bool(log["steps"]),
              "training complete": log["final_model"] is not None}
-    jobs.update_status(run_dir, signs=signs, train={k: res.summary.get(k) for k in (
+    jobs.update_status(run_dir, success_signs=signs, train={k: res.summary.get(k) for k in (
         "steps_done", "stopped_by", "first_loss", "last_loss", "best", "samples_per_s", "data_wait_share",
         "last_checkpoint", "best_checkpoint", "final_model_bytes", "run_dir_bytes_after", "wall_s")}, dataset=str(root))
     return res
