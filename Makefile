@@ -31,7 +31,7 @@ $(STAMP)/venv: requirements.txt pyproject.toml | $(STAMP)/system
 	$(PY) -m pip install -q -r requirements.txt
 	@touch $@
 
-_vendor/.vendored: | $(STAMP)/venv
+_vendor/.vendored: src/tutorial_utils/book.py | $(STAMP)/venv
 	$(PY) -m tutorial_utils book vendor
 
 system: $(STAMP)/system

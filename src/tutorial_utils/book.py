@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import shutil
 import subprocess
@@ -28,13 +29,17 @@ VENDOR_DIR = VENDOR_ROOT / "vendor"
 #: the tarball, destination folder)]. ``_vendor`` is copied into ``_static`` (html_static_path);
 #: ``_vendor_extra`` into the site root (html_extra_path), where the widget manager looks for its
 #: fonts relative to the notebook pages.
+#: The widget manager resolves its (Font Awesome) fonts against the module that asks for them,
+#: relative to the page: depending on which module loads first that is
+#: ``notebooks/@jupyter-widgets/`` or ``notebooks/@jupyter-widgets/html-manager/dist/``.
+WIDGET_FONT_DIRS = (
+    paths.REPO / "_vendor_extra" / "notebooks" / "@jupyter-widgets",
+    paths.REPO / "_vendor_extra" / "notebooks" / "@jupyter-widgets" / "html-manager" / "dist",
+)
 VENDOR_FILES = {
     "requirejs@2.3.7": [("package/require.js", VENDOR_DIR)],
-    "@jupyter-widgets/html-manager@1.0.6": [
-        ("package/dist/embed-amd.js", VENDOR_DIR),
-        ("package/dist/*.woff2", paths.REPO / "_vendor_extra" / "notebooks" / "@jupyter-widgets" / "html-manager" / "dist"),
-        ("package/dist/*.woff", paths.REPO / "_vendor_extra" / "notebooks" / "@jupyter-widgets" / "html-manager" / "dist"),
-        ("package/dist/*.ttf", paths.REPO / "_vendor_extra" / "notebooks" / "@jupyter-widgets" / "html-manager" / "dist"),
+    "@jupyter-widgets/html-manager@1.0.6": [("package/dist/embed-amd.js", VENDOR_DIR)] + [
+        (f"package/dist/*.{ext}", folder) for ext in ("woff2", "woff", "ttf") for folder in WIDGET_FONT_DIRS
     ],
     "mathjax@3.2.2": [
         ("package/es5/tex-mml-chtml.js", VENDOR_DIR / "mathjax"),
@@ -138,8 +143,11 @@ def vendor_widgets(stamp: Path = VENDOR_STAMP) -> list[Path]:
 
     from tutorial_utils.io import atomic_write_bytes, atomic_write_text
 
+    digest = hashlib.sha256(repr(sorted((k, [(m, os.fspath(d)) for m, d in v]) for k, v in VENDOR_FILES.items())).encode()).hexdigest()[:16]
     if stamp.is_file():
-        return [Path(p) for p in stamp.read_text().split()]
+        lines = stamp.read_text().split()
+        if lines and lines[0] == digest and all(Path(p).is_file() for p in lines[1:]):
+            return [Path(p) for p in lines[1:]]
     npm = shutil.which("npm")
     if not npm:
         raise RuntimeError("the book's JavaScript is not vendored yet and npm is not installed: install Node.js/npm "
@@ -160,7 +168,7 @@ def vendor_widgets(stamp: Path = VENDOR_STAMP) -> list[Path]:
                         out = dest / Path(name).name
                         atomic_write_bytes(out, data.read())
                         got.append(out)
-    atomic_write_text(stamp, "\n".join(map(str, got)) + "\n")
+    atomic_write_text(stamp, "\n".join([digest, *map(str, got)]) + "\n")
     return got
 
 
