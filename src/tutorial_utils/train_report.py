@@ -59,7 +59,7 @@ def disk_usage(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     from tutorial_utils.train import dir_size, human_bytes
 
     rows = []
-    for p in sorted(Path(run_dir).iterdir()):
+    for p in sorted(q for q in Path(run_dir).iterdir() if not q.name.startswith(".")):
         size = p.lstat().st_size if p.is_symlink() or p.is_file() else dir_size(p)
         rows.append({"entry": p.name + ("/" if p.is_dir() and not p.is_symlink() else ""), "bytes": size, "size": human_bytes(size)})
     return rows
