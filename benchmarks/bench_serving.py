@@ -17,10 +17,8 @@ Target: policy p50 <= 1.3x echo p50. ``--quick`` runs under a minute. Last line:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
-import threading
 import time
 
 import numpy as np
@@ -38,33 +36,9 @@ def _obs() -> dict:
     }
 
 
-class EchoServer:
-    def __init__(self):
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    async def _handler(self, ws):
-        async for frame in ws:
-            await ws.send(frame)
-
-    async def _main(self):
-        from websockets.asyncio.server import serve
-
-        self.loop = asyncio.get_running_loop()
-        self.stop_event = asyncio.Event()
-        async with serve(self._handler, "127.0.0.1", 0, compression=None, max_size=None) as srv:
-            self.port = srv.sockets[0].getsockname()[1]
-            self.ready.set()
-            await self.stop_event.wait()
-
-    def __enter__(self):
-        self.thread.start()
-        self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc):
-        self.loop.call_soon_threadsafe(self.stop_event.set)
-        self.thread.join(5)
+async def _echo(ws):
+    async for frame in ws:
+        await ws.send(frame)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -87,7 +61,7 @@ def main() -> None:
 
     lat = {"echo": [], "policy": []}
     wall = {"echo": 0.0, "policy": 0.0}
-    with EchoServer() as echo, serving.ServerThread(policies.ZeroPolicy()) as srv:
+    with serving.HandlerThread(_echo) as echo, serving.ServerThread(policies.ZeroPolicy()) as srv:
         ews = connect(f"ws://127.0.0.1:{echo.port}", compression=None, max_size=None, proxy=None, legacy=True)
         client = serving.PolicyClient(port=srv.port, connect_timeout=10)
         for _ in range(20):  # warm up both paths

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
@@ -80,49 +79,23 @@ def test_openpi_client_drives_our_server(server):
     assert client.infer(_obs())["actions"].shape == (8, 7)  # keeps serving after an error
 
 
-class _OpenpiStyleServer:
+async def _openpi_style_handler(ws):
     """A server written the openpi way, from openpi_client's msgpack_numpy helpers."""
+    from openpi_client import msgpack_numpy
 
-    def __init__(self):
-        self.port = serving.free_port()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-        self.stop_event = None
-
-    async def _handler(self, ws):
-        from openpi_client import msgpack_numpy
-
-        packer = msgpack_numpy.Packer()
-        await ws.send(packer.pack({"server": "openpi-style"}))
-        async for frame in ws:
-            try:
-                obs = msgpack_numpy.unpackb(frame)
-                n = int(obs["observation/state"].shape[0])
-                await ws.send(packer.pack({"actions": np.full((5, 7), n, np.float32), "server_timing": {"infer_ms": 0.1}}))
-            except Exception:
-                await ws.send(traceback.format_exc())
-
-    async def _main(self):
-        from websockets.asyncio.server import serve
-
-        self.loop = asyncio.get_running_loop()
-        self.stop_event = asyncio.Event()
-        async with serve(self._handler, "127.0.0.1", self.port, compression=None, max_size=None):
-            self.ready.set()
-            await self.stop_event.wait()
-
-    def __enter__(self):
-        self.thread.start()
-        self.ready.wait(10)
-        return self
-
-    def __exit__(self, *exc):
-        self.loop.call_soon_threadsafe(self.stop_event.set)
-        self.thread.join(5)
+    packer = msgpack_numpy.Packer()
+    await ws.send(packer.pack({"server": "openpi-style"}))
+    async for frame in ws:
+        try:
+            obs = msgpack_numpy.unpackb(frame)
+            n = int(obs["observation/state"].shape[0])
+            await ws.send(packer.pack({"actions": np.full((5, 7), n, np.float32), "server_timing": {"infer_ms": 0.1}}))
+        except Exception:
+            await ws.send(traceback.format_exc())
 
 
 def test_our_client_drives_openpi_style_server():
-    with _OpenpiStyleServer() as srv:
+    with serving.HandlerThread(_openpi_style_handler) as srv:
         with serving.PolicyClient(port=srv.port, connect_timeout=5) as client:
             assert client.metadata == {"server": "openpi-style"}
             reply = client.infer(_obs())

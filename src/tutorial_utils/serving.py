@@ -421,6 +421,39 @@ class PolicyServer:
             self._loop.call_soon_threadsafe(self._stop.set)
 
 
+class HandlerThread:
+    """Any async websocket ``handler(ws)`` served from a background thread on 127.0.0.1
+    (a bare echo for the benchmark, an openpi-style peer for the interop tests).
+
+    ``with HandlerThread(handler) as srv: ... srv.port``.
+    """
+
+    def __init__(self, handler, host: str = DEFAULT_HOST, port: int = 0):
+        self.handler, self.host, self.port = handler, host, port
+        self.ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="ws-handler", daemon=True)
+
+    async def _main(self) -> None:
+        from websockets.asyncio.server import serve
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with serve(self.handler, self.host, self.port, compression=None, max_size=None) as srv:
+            self.port = srv.sockets[0].getsockname()[1]
+            self.ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> "HandlerThread":
+        self._thread.start()
+        if not self.ready.wait(10):
+            raise ServerUnavailable("websocket handler thread did not start within 10 s")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5)
+
+
 class ServerThread:
     """Run a :class:`PolicyServer` in a background thread (tests, benchmarks, the chapter).
 
