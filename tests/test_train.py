@@ -105,6 +105,17 @@ def test_data_order_is_a_function_of_seed_and_step_and_ranks_split_the_global_ba
 # --- training runs ------------------------------------------------------------------------------
 
 
+def test_validation_episodes_are_spread_over_the_dataset_not_its_end():
+    # 10 tasks x 5 episodes, written task by task: the held-out episodes must not remove a task
+    frame_episode = np.repeat(np.arange(50), 3)
+    train_idx, val_idx, val_eps = T.split_episodes(frame_episode, 0.1)
+    assert len(val_eps) == 5 and len({e // 5 for e in val_eps}) == 5
+    assert len(set(frame_episode[train_idx] // 5)) == 10  # every task keeps training data
+    assert set(frame_episode[val_idx]) == set(val_eps) and not set(train_idx) & set(val_idx)
+    assert T.split_episodes(np.array([0, 0, 1, 1]), 0.1)[2] == [1]  # at least one, never all
+    assert T.split_episodes(np.array([0, 0, 1]), 0.0)[2] == []
+
+
 def test_train_writes_a_self_describing_run(tmp_path, source, monkeypatch):
     monkeypatch.delenv("KEEP_FINAL_MODEL", raising=False)
     res = T.train(cfg(tmp_path, steps=6, batch_size=2, log_freq=1, eval_freq=3, save_freq=3, freeze_modules="backbone"),

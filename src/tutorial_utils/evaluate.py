@@ -354,8 +354,12 @@ def run_chain(
     server_timeout: float = 300.0,
     client_timeout: float | None = None,
     protocol: str = "openpi",
+    replan_steps: int = 0,
 ) -> ChainResult:
     """Start the policy server, wait for ``/healthz``, run the LIBERO client, collect, diagnose.
+
+    ``replan_steps`` (0: the policy's metadata) is how many actions of each chunk the client
+    executes before it asks again.
 
     Raises :class:`StageFailed` naming the stage (``server``, ``client connect``,
     ``LIBERO setup``, ``evaluation``) with the tail of the log that shows why.
@@ -394,6 +398,8 @@ def run_chain(
             cli_cmd += ["--task-ids", ",".join(map(str, ids))]
         if max_steps:
             cli_cmd += ["--max-steps", str(max_steps)]
+        if replan_steps:
+            cli_cmd += ["--replan-steps", str(int(replan_steps))]
         jobs.update_status(rd, stage="evaluation")
         t_client = time.monotonic()
         with open(eval_log, "w", encoding="utf-8") as ev_fh:

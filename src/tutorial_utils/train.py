@@ -547,13 +547,19 @@ class StepBatchSampler:
 
 
 def split_episodes(frame_episode: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """(train frame indices, val frame indices, val episode ids): the last episodes are held out."""
+    """(train frame indices, val frame indices, val episode ids).
+
+    The held-out episodes are spread evenly over the dataset (the last one of each of
+    ``n_val`` equal blocks), not taken from its end: recordings are written task by task, so
+    holding out the last episodes would remove whole tasks from training.
+    """
     eps = np.unique(frame_episode)
     n_val = int(round(len(eps) * val_fraction))
     if val_fraction > 0 and len(eps) >= 2:
         n_val = max(1, n_val)
     n_val = min(n_val, len(eps) - 1)
-    val_eps = eps[len(eps) - n_val:] if n_val > 0 else eps[:0]
+    picks = (np.arange(1, n_val + 1) * len(eps)) // max(1, n_val) - 1
+    val_eps = eps[picks] if n_val > 0 else eps[:0]
     is_val = np.isin(frame_episode, val_eps)
     return np.nonzero(~is_val)[0], np.nonzero(is_val)[0], [int(e) for e in val_eps]
 
@@ -763,8 +769,9 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
     frozen = apply_freeze(policy, cfg.freeze_list)
     counts = policy.parameter_counts()
     params = [p for p in policy.parameters() if p.requires_grad]
+    # the fused AdamW kernel updates all tensors in one pass (~10% of a CPU step for this small model)
     optimizer = torch.optim.AdamW(params, lr=cfg.optimizer_lr, betas=tuple(cfg.optimizer_betas),
-                                  weight_decay=cfg.optimizer_weight_decay)
+                                  weight_decay=cfg.optimizer_weight_decay, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
 
     start_step, best = 0, {"val_action_mae": None, "step": None}
