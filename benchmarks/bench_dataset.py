@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     cold_s, cold = timed(lambda: compute_all(root128, force=True), repeat=3)
     warm_s, warm = timed(lambda: compute_all(root128), repeat=5)
     assert warm["cached"] and not cold["cached"]
-    ref_s, ref = timed(lambda: reference_stats_pandas(root128), repeat=2)
+    ref_s, ref = timed(lambda: reference_stats_pandas(root128), repeat=3)  # best of 3, as the cold path
     np.testing.assert_allclose(ref["action"]["q99"], cold["stats_gr00t"]["action"]["q99"], rtol=1e-5, atol=1e-6)
 
     # sampling
