@@ -71,3 +71,21 @@ def test_promote_copies_a_finished_run(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="finished training run"):
         train_report.promote(tmp_path / "logs", logs_dir=tmp_path / "x")
+
+
+def test_promote_puts_the_recording_card_and_its_first_episode_in_logs_and_assets(tmp_path, monkeypatch):
+    from tutorial_utils import paths, synth
+
+    ds = tmp_path / "data" / "rec"
+    synth.generate_dataset(ds, n_episodes=2, mean_length=12, image_size=32)
+    monkeypatch.setattr(paths, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(paths, "ASSETS", tmp_path / "assets")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "assets").mkdir()
+    ctx = {"profile": "cpu", "dataset": str(ds), "timings": [{"stage": "record", "run_s": 12.5}]}
+    out = {p.name for p in pipeline.promote(ctx)}
+    assert out == {"record_dataset.json", "record_episode.json", "record_episode_primary.mp4", "record_episode_wrist.mp4"}
+    card = json.loads((tmp_path / "logs" / "record_dataset.json").read_text())
+    assert card["total_episodes"] == 2 and card["job_wall_s"] == 12.5
+    assert (tmp_path / "assets" / "record_episode_primary.mp4").stat().st_size > 0
+    assert pipeline.promote({"profile": "ci", "dataset": str(ds)}) == []  # smoke runs are not promoted

@@ -85,22 +85,34 @@ def run(stages: list[Stage] | None = None, until: str | None = None, echo: bool 
 
 #: where each profile's chain is promoted (the chapters read the ``cpu`` files); a ``ci`` chain
 #: is a smoke run of the machinery and is not promoted.
-PROMOTE_PREFIXES = {"cpu": ("train_cpu_", "eval_mini_"), "gpu": ("train_gpu_", "eval_mini_gpu_")}
+PROMOTE_PREFIXES = {
+    "cpu": {"record": "record_", "train": "train_cpu_", "evaluate": "eval_mini_"},
+    "gpu": {"record": "record_gpu_", "train": "train_gpu_", "evaluate": "eval_mini_gpu_"},
+}
 
 
 def promote(ctx: dict[str, Any]) -> list[Path]:
-    """Copy the chain's small real outputs into logs/ and assets/ (the stage modules do it)."""
-    from tutorial_utils import evaluate, train_report
+    """Copy the chain's small real outputs into logs/ and assets/ (the stage modules do it):
+    the recorded dataset's card and its first episode's two videos, the training run's logs,
+    the evaluation's results, logs and a rollout video."""
+    from tutorial_utils import evaluate, record, train_report
 
     prefixes = PROMOTE_PREFIXES.get(ctx["profile"])
     if prefixes is None:
         print(f"[pipeline] profile {ctx['profile']!r}: smoke-sized runs are not promoted into logs/ and assets/")
         return []
     out: list[Path] = []
+    if ctx.get("dataset"):
+        wall = next((t["run_s"] for t in ctx.get("timings", []) if t["stage"] == "record"), None)
+        card = paths.LOGS / f"{prefixes['record']}dataset.json"
+        record.promote_dataset_card(ctx["dataset"], out=card, wall_s=wall)
+        clip = record.promote_episode(ctx["dataset"], 0, prefix=f"{prefixes['record']}episode")
+        out += [card, paths.ASSETS / f"{prefixes['record']}episode.json"]
+        out += [paths.ASSETS / clip[k] for k in ("primary", "wrist")]
     if ctx.get("train_run"):
-        out += list(train_report.promote(ctx["train_run"], prefix=prefixes[0]).values())
+        out += list(train_report.promote(ctx["train_run"], prefix=prefixes["train"]).values())
     if ctx.get("eval_run"):
-        out += list(evaluate.promote(ctx["eval_run"], prefix=prefixes[1]).values())
+        out += list(evaluate.promote(ctx["eval_run"], prefix=prefixes["evaluate"]).values())
     return [Path(p) for p in out]
 
 
