@@ -50,3 +50,18 @@ def test_twins_beside_the_sources_do_not_break_the_build(tmp_path):
     book.write_twins(root=root)
     assert (root / "nb.ipynb").is_file()
     assert book.build(root, clean=True) == 0
+
+
+def test_a_chapter_reading_logs_is_re_executed_when_the_logs_change(tmp_path):
+    root = _throwaway_book(tmp_path, failing=False)
+    (root / "logs").mkdir()
+    (root / "logs" / "figure.txt").write_text("first-run-figure")
+    write_notebook(root / "nb.md", [("md", "# A notebook"), ("code", "print(open('logs/figure.txt').read())")],
+                   params="x = 1")
+    assert book.build(root) == 0
+    assert "first-run-figure" in (root / "_build" / "html" / "nb.html").read_text()
+    assert book.build(root) == 0  # nothing changed: the cached outputs stay
+    (root / "logs" / "figure.txt").write_text("second-run-figure")  # the code is unchanged
+    assert book.build(root) == 0
+    html = (root / "_build" / "html" / "nb.html").read_text()
+    assert "second-run-figure" in html and "first-run-figure" not in html

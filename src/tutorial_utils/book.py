@@ -125,15 +125,51 @@ def jb_command(root: Path = paths.REPO, builder: str = "html") -> list[str]:
     return [os.fspath(exe), "build", os.fspath(root), "--builder", builder, "-W", "-n", "--keep-going"]
 
 
+#: folders the chapters read at build time (the promoted real logs and media)
+BUILD_INPUTS = ("logs", "assets")
+INPUTS_STAMP = "_build/.inputs_fingerprint"
+
+
+def inputs_fingerprint(root: Path = paths.REPO) -> str:
+    """A hash of every file's path and contents under :data:`BUILD_INPUTS`."""
+    h = hashlib.sha256()
+    for folder in BUILD_INPUTS:
+        base = root / folder
+        for p in sorted(base.rglob("*")) if base.is_dir() else []:
+            if p.is_file():
+                h.update(f"{p.relative_to(root).as_posix()}\0".encode())
+                h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
 def build(root: Path = paths.REPO, builder: str = "html", clean: bool = False, env: dict | None = None) -> int:
-    """Build the book; non-zero on any warning, a failing notebook included."""
+    """Build the book; non-zero on any warning, a failing notebook included.
+
+    jupyter-cache reuses a notebook's outputs while its code is unchanged, so a chapter that
+    reads ``logs/`` would keep showing the numbers of the previous run after the main job
+    promoted new ones. When anything under ``logs/`` or ``assets/`` changed since the last
+    successful build, the build starts clean (every chapter re-executed).
+    """
+    stamp = root / INPUTS_STAMP
+    fingerprint = inputs_fingerprint(root)
+    built_before = (root / "_build" / ".jupyter_cache").exists()
+    if not clean and built_before and (not stamp.is_file() or stamp.read_text().strip() != fingerprint):
+        print("book: logs/ or assets/ changed since the last build; rebuilding every chapter", flush=True)
+        clean = True
     if clean:
-        shutil.rmtree(root / "_build", ignore_errors=True)
+        shutil.rmtree(root / "_build" / ".jupyter_cache", ignore_errors=True)
+        shutil.rmtree(root / "_build" / ".doctrees", ignore_errors=True)
+        shutil.rmtree(root / "_build" / builder, ignore_errors=True)
+        shutil.rmtree(root / "_build" / "jupyter_execute", ignore_errors=True)
     run_env = {**os.environ, **(env or {})}
     run_env.setdefault("TUTORIAL_PROFILE", "ci")
     # the kernel must be this venv's python: put it first on PATH
     run_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{run_env.get('PATH', '')}"
-    return subprocess.run(jb_command(root, builder), env=run_env).returncode
+    rc = subprocess.run(jb_command(root, builder), env=run_env).returncode
+    if rc == 0:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(fingerprint + "\n")
+    return rc
 
 
 def vendor_widgets(stamp: Path = VENDOR_STAMP) -> list[Path]:
