@@ -311,6 +311,31 @@ def test_accelerate_launch_two_processes(tmp_path):
     P.load_policy(out / "checkpoints/last")
 
 
+def test_sigterm_under_accelerate_stops_both_processes_at_the_same_step_with_a_checkpoint(tmp_path):
+    """SIGTERM to the launcher reaches both ranks; they agree on the step (a reduced flag), the
+    main process saves a loadable `last`."""
+    out = tmp_path / "run"
+    kv = {**TINY, "output_dir": str(out), "steps": 100000, "batch_size": 1, "log_freq": 1, "eval_freq": 0, "save_freq": 0}
+    accelerate = Path(PY).with_name("accelerate")
+    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(_script(tmp_path)), json.dumps(kv)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        assert _wait_for(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 3, timeout=180, proc=proc)
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "Training stopped by SIGTERM" in stdout, stdout[-3000:]
+    assert stdout.count("Training stopped by SIGTERM") == 1  # the main process reports it once
+    state = json.loads((out / "checkpoints/last/training_state.json").read_text())
+    assert 3 <= state["step"] < 100000 and state["reason"] == "SIGTERM" and state["world_size"] == 2
+    P.load_policy(out / "checkpoints/last")
+
+
 def test_job_helpers(tmp_path, source):
     with pytest.raises(T.DatasetNotReady, match="record_demos"):
         T.resolve_dataset("no_such_dataset", tmp_path)
