@@ -294,13 +294,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_accelerate_launch_two_processes(tmp_path):
-    out = tmp_path / "run"
-    kv = {**TINY, "output_dir": str(out), "steps": 4, "batch_size": 2, "log_freq": 1, "eval_freq": 2, "save_freq": 2}
+def _accelerate_two_processes(tmp_path, kv):
+    """The `accelerate launch` command line (2 CPU processes, DDP) for the training script, and its env."""
     accelerate = Path(PY).with_name("accelerate")
     cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
            "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(_script(tmp_path)), json.dumps(kv)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return cmd, {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_accelerate_launch_two_processes(tmp_path):
+    out = tmp_path / "run"
+    kv = {**TINY, "output_dir": str(out), "steps": 4, "batch_size": 2, "log_freq": 1, "eval_freq": 2, "save_freq": 2}
+    cmd, env = _accelerate_two_processes(tmp_path, kv)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -316,10 +321,7 @@ def test_sigterm_under_accelerate_stops_both_processes_at_the_same_step_with_a_c
     main process saves a loadable `last`."""
     out = tmp_path / "run"
     kv = {**TINY, "output_dir": str(out), "steps": 100000, "batch_size": 1, "log_freq": 1, "eval_freq": 0, "save_freq": 0}
-    accelerate = Path(PY).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(_script(tmp_path)), json.dumps(kv)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd, env = _accelerate_two_processes(tmp_path, kv)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
     try:
         metrics = out / "metrics.jsonl"
