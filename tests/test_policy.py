@@ -186,3 +186,27 @@ def test_serving_adapter(tmp_path):
     assert np.allclose(back, out["actions"], atol=1e-5)
     md = sp.metadata
     assert md["policy"] == "mini" and md["action_horizon"] == 8 and md["replan_steps"] == 8 and md["image_size"] == 48
+
+
+
+def test_read_only_request_arrays_are_served_without_a_torch_warning(tmp_path):
+    """msgpack-decoded arrays are read-only; the server log once carried torch's 'not writable'
+    warning. Torch warns once per process, so the check runs in a fresh one."""
+    import subprocess
+    import sys
+
+    ck = make_policy().save(tmp_path / "ck")
+    code = f"""
+import warnings, numpy as np
+from tutorial_utils import policy as P
+from tutorial_utils.serving import packb, unpackb
+warnings.simplefilter("error")
+rng = np.random.default_rng(0)
+img = lambda: rng.integers(0, 255, (48, 48, 3), dtype=np.uint8)
+obs = unpackb(packb({{"observation/image": img(), "observation/wrist_image": img(),
+                      "observation/state": rng.normal(size=8).astype(np.float32), "prompt": "pick up the bowl"}}))
+assert not obs["observation/image"].flags.writeable and not obs["observation/state"].flags.writeable
+print(P.load_serving_policy({str(ck)!r}).infer(obs)["actions"].shape)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "(8, 7)" in r.stdout, r.stderr[-2000:]

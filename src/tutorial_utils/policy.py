@@ -187,6 +187,14 @@ def read_statistics(path: str | os.PathLike) -> dict:
 _WORD = re.compile(r"[a-z0-9]+")
 
 
+def _as_tensor(x, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
+    """``torch.as_tensor`` that copies read-only numpy arrays (msgpack-decoded requests are
+    read-only; sharing their memory makes torch warn that writing would be undefined)."""
+    if isinstance(x, np.ndarray) and (not x.flags.writeable or not x.flags.c_contiguous):
+        x = np.array(x, order="C")
+    return torch.as_tensor(x, dtype=dtype, device=device)
+
+
 def tokenize(texts: list[str], vocab_size: int, max_words: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Hashed word ids (crc32 of each lower-case word, 1..vocab_size-1; 0 is padding) and a
     padding mask (True = pad). Stable across processes and machines, nothing to download."""
@@ -382,7 +390,7 @@ class MiniPolicy(nn.Module):
     # -- inputs
     def prepare_images(self, img) -> torch.Tensor:
         """uint8 HWC (numpy or tensor, batched) -> float (B,3,S,S) in [0,1] at image_size."""
-        x = torch.as_tensor(np.ascontiguousarray(img) if isinstance(img, np.ndarray) else img)
+        x = _as_tensor(img)
         if x.ndim == 3:
             x = x[None]
         if x.shape[-1] == 3 and x.shape[1] != 3:  # channels last
@@ -403,7 +411,7 @@ class MiniPolicy(nn.Module):
         return self.backbone(
             self.prepare_images(batch["primary"]),
             self.prepare_images(batch["wrist"]),
-            torch.as_tensor(batch["state"], dtype=torch.float32, device=dev),
+            _as_tensor(batch["state"], dtype=torch.float32, device=dev),
             ids.to(dev),
             pad.to(dev),
         )
@@ -418,7 +426,7 @@ class MiniPolicy(nn.Module):
             raise StatisticsError("the policy has no dataset statistics; build it with MiniPolicy(cfg, statistics)")
         dev = self.device
         ctx, ctx_pad = self.encode(batch)
-        a = self.normalizer.normalize(torch.as_tensor(batch["action"], dtype=torch.float32).to(dev))
+        a = self.normalizer.normalize(_as_tensor(batch["action"], dtype=torch.float32).to(dev))
         B, H, D = a.shape
         t = _beta_sample(1.5, 1.0, B, generator)
         noise = torch.randn(B, H, D, generator=generator)
