@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     # cold and reference alternate, so that a noisy neighbour slows both rather than one of them;
     # the figure is best against best, and each round's own ratio is reported as well
-    compute_all(root128, force=True), reference_stats_pandas(root128)  # imports and page cache, untimed
+    compute_all(root128, force=True)  # untimed warm-up of both: imports and the page cache
+    reference_stats_pandas(root128)
     rounds = []
     for _ in range(STATS_ROUNDS):
         c_s, cold = timed(lambda: compute_all(root128, force=True))
