@@ -118,6 +118,82 @@ def test_bad_dataset(tmp_path):
         st.compute_all(root)
 
 
+def _rewrite(path, fn):
+    import pyarrow.parquet as pq
+
+    pq.write_table(fn(pq.read_table(path)), path)
+
+
+@pytest.fixture
+def root4(tmp_path):
+    return generate_dataset(tmp_path / "d4", n_episodes=4, mean_length=12, image_size=32)
+
+
+def test_bad_parquet_files_are_named(root4):
+    """Each broken episode file gives a DatasetError naming that file (and the column), and no
+    statistics file is written from a half-read dataset."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ep2 = root4 / "data/chunk-000/episode_000002.parquet"
+    good = ep2.read_bytes()
+
+    _rewrite(ep2, lambda t: t.drop_columns(["task_index"]))
+    with pytest.raises(DatasetError, match="column is missing") as e:
+        st.compute_all(root4)
+    assert e.value.file == str(ep2) and e.value.key == "task_index"
+
+    ep2.write_bytes(good)  # columns in another order: read by name, same statistics as before
+    _rewrite(ep2, lambda t: t.select(list(reversed(t.column_names))))
+    ref = st.reference_stats_pandas(root4)
+    res = st.compute_all(root4)
+    for col in ref:  # a file read by position would mix up columns here
+        for k in st.STAT_KEYS:
+            np.testing.assert_allclose(res["stats_gr00t"][col][k], ref[col][k], rtol=1e-9, atol=1e-12)
+
+    ep2.write_bytes(good)
+    _rewrite(ep2, lambda t: t.set_column(t.column_names.index("frame_index"), "frame_index",
+                                         pc.cast(t.column("frame_index"), pa.float64())))
+    with pytest.raises(DatasetError, match="column type double differs from int64") as e:
+        st.compute_all(root4, force=True)
+    assert e.value.file == str(ep2) and e.value.key == "frame_index"
+
+    ep2.write_bytes(good[: len(good) // 2])  # a truncated download
+    with pytest.raises(DatasetError, match="not a readable parquet file") as e:
+        st.compute_all(root4, force=True)
+    assert e.value.file == str(ep2)
+
+    ep2.write_bytes(good)
+    _rewrite(ep2, lambda t: t.set_column(t.column_names.index("action"), "action",
+                                         pa.array([row[:5] for row in t.column("action").to_pylist()],
+                                                  pa.list_(pa.float32()))))
+    with pytest.raises(DatasetError, match="column type") as e:  # list<float> vs fixed_size_list[7]
+        st.compute_all(root4, force=True)
+    assert e.value.key == "action"
+
+
+def test_wrong_row_width_is_named(root4):
+    """Variable-length list columns (as some writers store them) with a row of the wrong width."""
+    import pyarrow as pa
+
+    def as_lists(t, cut=False):
+        rows = t.column("action").to_pylist()
+        if cut:
+            rows[3] = rows[3][:6]
+        return t.set_column(t.column_names.index("action"), "action", pa.array(rows, pa.list_(pa.float32())))
+
+    files = sorted((root4 / "data/chunk-000").glob("*.parquet"))
+    for f in files:
+        _rewrite(f, as_lists)
+    assert len(st.compute_all(root4)["stats_gr00t"]["action"]["mean"]) == 7  # list<float> is fine
+    written = {p: (root4 / p).read_bytes() for p in (st.STATS_GR00T_PATH, st.STEP_INDEX_PATH, st.CACHE_PATH)}
+    _rewrite(files[1], lambda t: as_lists(t, cut=True))
+    with pytest.raises(DatasetError, match=r"rows hold 6..7 values, meta/info.json says shape \[7\]") as e:
+        st.compute_all(root4)
+    assert e.value.file == str(files[1]) and e.value.key == "action"
+    assert {p: (root4 / p).read_bytes() for p in written} == written  # nothing half-written
+
+
 def test_cli_stats(root, tmp_path, capsys):
     from tutorial_utils.lerobot import main
 
