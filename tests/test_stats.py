@@ -27,6 +27,11 @@ def test_matches_pandas_reference(root):
     for col in ref:
         for k in st.STAT_KEYS:
             np.testing.assert_allclose(res["stats_gr00t"][col][k], ref[col][k], rtol=1e-9, atol=1e-9)
+    assert st.max_difference(res["stats_gr00t"], ref) < 1e-9
+    ref["action"]["q99"][6] += 0.5
+    assert st.max_difference(res["stats_gr00t"], ref) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="different columns"):
+        st.max_difference(res["stats_gr00t"], {"action": ref["action"]})
     assert json.loads((root / st.STATS_GR00T_PATH).read_text()) == res["stats_gr00t"]
 
 

@@ -194,6 +194,13 @@ def column_stats(x: np.ndarray) -> dict:
             "max": xt.max(1).astype(np.float64).tolist(), "q01": quantile(lo).tolist(), "q99": quantile(hi).tolist()}
 
 
+def max_difference(a: dict, b: dict) -> float:
+    """The largest absolute difference between two stats_gr00t dicts (same columns and keys)."""
+    if set(a) != set(b):
+        raise ValueError(f"different columns: {sorted(set(a) ^ set(b))}")
+    return max(float(np.max(np.abs(np.subtract(a[c][k], b[c][k])))) for c in a for k in STAT_KEYS)
+
+
 def compute_stats_gr00t(columns: dict[str, np.ndarray]) -> dict:
     return {k: column_stats(v) for k, v in columns.items()}
 
@@ -316,5 +323,5 @@ def reference_stats_pandas(root: str | os.PathLike) -> dict:
 
 
 __all__ = ["STATS_GR00T_PATH", "STEP_INDEX_PATH", "STEPS_PKL_PATH", "CACHE_PATH", "FRANKA_ACTION_MASK",
-           "fingerprint", "load_columns", "column_stats", "compute_stats_gr00t", "compute_step_index",
+           "fingerprint", "load_columns", "column_stats", "max_difference", "compute_stats_gr00t", "compute_step_index",
            "dataset_statistics", "load_step_index", "compute_all", "reference_stats_pandas"]
