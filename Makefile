@@ -31,13 +31,21 @@ $(STAMP)/venv: requirements.txt pyproject.toml | $(STAMP)/system
 	$(PY) -m pip install -q -r requirements.txt
 	@touch $@
 
+# LeRobot 0.3.3's dataset loader, beside the venv (not in it: it pins older torch and datasets),
+# for the test that loads this project's datasets with it
+LEROBOT03  := .lerobot03
+$(STAMP)/lerobot03: requirements-lerobot03.txt | $(STAMP)/venv
+	rm -rf $(LEROBOT03)
+	$(PY) -m pip install -q --no-deps --target $(LEROBOT03) -r requirements-lerobot03.txt
+	@touch $@
+
 _vendor/.vendored: src/tutorial_utils/book.py | $(STAMP)/venv
 	$(PY) -m tutorial_utils book vendor
 
 system: $(STAMP)/system
 venv: $(STAMP)/venv
 vendor: _vendor/.vendored
-setup: $(STAMP)/system $(STAMP)/venv _vendor/.vendored
+setup: $(STAMP)/system $(STAMP)/venv $(STAMP)/lerobot03 _vendor/.vendored
 
 # --- the book ---------------------------------------------------------------------------------
 ipynb: setup
