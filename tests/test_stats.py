@@ -156,6 +156,11 @@ def test_bad_parquet_files_are_named(root4):
         for k in st.STAT_KEYS:
             np.testing.assert_allclose(res["stats_gr00t"][col][k], ref[col][k], rtol=1e-9, atol=1e-12)
 
+    ep2.write_bytes(good)  # another writer marks a column non-nullable: same values, read as usual
+    _rewrite(ep2, lambda t: t.cast(t.schema.set(t.schema.get_field_index("frame_index"),
+                                                t.schema.field("frame_index").with_nullable(False))))
+    assert st.max_difference(st.compute_all(root4, force=True)["stats_gr00t"], ref) < 1e-9
+
     ep2.write_bytes(good)
     _rewrite(ep2, lambda t: t.set_column(t.column_names.index("frame_index"), "frame_index",
                                          pc.cast(t.column("frame_index"), pa.float64())))
@@ -174,7 +179,16 @@ def test_bad_parquet_files_are_named(root4):
                                                   pa.list_(pa.float32()))))
     with pytest.raises(DatasetError, match="column type") as e:  # list<float> vs fixed_size_list[7]
         st.compute_all(root4, force=True)
-    assert e.value.key == "action"
+    assert e.value.file == str(ep2) and e.value.key == "action"
+
+    # the same parquet layout, but without the stored Arrow schema the lists read back variable-size
+    ep2.write_bytes(good)
+    import pyarrow.parquet as pq
+
+    pq.write_table(pq.read_table(ep2), ep2, store_schema=False)
+    with pytest.raises(DatasetError, match="column type list<element: float> differs") as e:
+        st.compute_all(root4, force=True)
+    assert e.value.file == str(ep2) and e.value.key == "observation.state"
 
 
 def test_wrong_row_width_is_named(root4):
