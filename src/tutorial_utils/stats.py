@@ -55,14 +55,17 @@ def fingerprint(root: str | os.PathLike, files: list[Path] | None = None) -> str
 
     ``files``: :func:`data_files` of ``root`` when the caller already listed them."""
     root = Path(root)
+    base = os.fspath(root) + os.sep
     h = hashlib.sha256()
     for p in (data_files(root) if files is None else files) + [root / INFO_PATH, root / EPISODES_PATH]:
+        name = os.fspath(p)  # strings, not Path.relative_to: half the time for 432 files
+        rel = name[len(base):].replace(os.sep, "/") if name.startswith(base) else p.relative_to(root).as_posix()
         try:
-            st = p.stat()
+            st = os.stat(name)
         except FileNotFoundError:
-            h.update(f"{p.relative_to(root)}:missing\n".encode())
+            h.update(f"{rel}:missing\n".encode())
             continue
-        h.update(f"{p.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        h.update(f"{rel}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 
