@@ -86,8 +86,8 @@ WHOLE_FILE_MAX_BYTES = 8 << 20
 def _open_parquet(path: Path):
     """pyarrow's low-level reader on one parquet file (footer parsed, no column read yet).
 
-    ``pq.ParquetFile`` wraps this same reader (``pyarrow._parquet.ParquetReader``, stable
-    across the pinned pyarrow versions) and adds Python set-up per file (filesystem
+    ``pq.ParquetFile`` wraps this same reader (``pyarrow._parquet.ParquetReader``, the same
+    API in pyarrow 15.0.2 and 25.0.1, the ends of the pinned range) and adds Python set-up per file (filesystem
     resolution, a map of nested column paths); for 432 episode files that set-up and
     ``ParquetFile.read`` cost ~8 ms of a ~110 ms read on the 2-core machine.
     """
@@ -109,13 +109,21 @@ def _open_parquet(path: Path):
     return reader
 
 
+def _check_types(path: Path, schema, types: dict, first: Path) -> None:
+    for c, want in types.items():
+        got = schema.field(c).type
+        if got != want:
+            raise DatasetError(path, c, f"column type {got} differs from {want} in {first.name}",
+                               "re-write the episode with the dataset's writer")
+
+
 def load_columns(root: str | os.PathLike, files: list[Path] | None = None) -> dict[str, np.ndarray]:
     """Every numeric column of every parquet, concatenated in episode order, as (N, D) arrays.
 
     Files are read one after the other, each whole into memory, and only the numeric
     columns of meta/info.json are decoded (found by name in each file's schema; one
-    ``read_all`` per file, one ``concat_tables`` at the end). Measured on the 2-core machine for 432 episode files (best of 15):
-    ~110 ms, against ~220 ms for ``pyarrow.dataset`` on the file list and ~260 ms for
+    ``read_all`` per file, one ``concat_tables`` at the end). Measured on the 2-core machine
+    for 432 episode files (best of 15): ~110 ms, against ~220 ms for ``pyarrow.dataset`` on the file list and ~260 ms for
     ``pq.read_table`` on it; two threads were no faster (~120 ms), a forked second process
     saved ~10 % at the price of forking a notebook kernel, and polars, though it reads the
     files in ~80 ms, takes ~280 ms to import.
@@ -147,19 +155,13 @@ def load_columns(root: str | os.PathLike, files: list[Path] | None = None) -> di
             if first_layout is None:
                 first_layout, first_leaves = layout, leaves
                 types = {c: schema.field(c).type for c in columns}
-            for c in columns:
-                if schema.field(c).type != types[c]:
-                    raise DatasetError(f, c, f"column type {schema.field(c).type} differs from {types[c]} in "
-                                       f"{files[0].name}", "re-write the episode with the dataset's writer")
+            _check_types(f, schema, types, files[0])
         tables.append(reader.read_all(column_indices=leaves, use_threads=False))  # columns in our order
     try:
         table = pa.concat_tables(tables)
     except pa.ArrowInvalid:  # the same parquet layout, yet another Arrow type (or nullability)
         for f, t in zip(files, tables):
-            for c in columns:
-                if t.schema.field(c).type != types[c]:
-                    raise DatasetError(f, c, f"column type {t.schema.field(c).type} differs from {types[c]} in "
-                                       f"{files[0].name}", "re-write the episode with the dataset's writer") from None
+            _check_types(f, t.schema, types, files[0])
         table = pa.table({c: pa.chunked_array([ch for t in tables for ch in t.column(c).chunks], types[c])
                           for c in columns})
     out = {}
