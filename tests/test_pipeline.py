@@ -73,6 +73,37 @@ def test_promote_copies_a_finished_run(tmp_path):
         train_report.promote(tmp_path / "logs", logs_dir=tmp_path / "x")
 
 
+def test_for_book_makes_this_machines_paths_portable(tmp_path, monkeypatch):
+    from tutorial_utils import paths
+
+    repo = tmp_path / "repo"
+    monkeypatch.setattr(paths, "REPO", repo)
+    monkeypatch.setattr(paths, "RUNS", repo / "runs")
+    monkeypatch.setattr(paths, "DATA", tmp_path / "disk" / "data")  # TUTORIAL_DATA_DIR outside the repo
+    got = paths.for_book({"ckpt": f"{repo}/runs/r1/checkpoints/best", "n": 3,
+                          "cmd": ["--data", f"{tmp_path}/disk/data/ds", "--home", "/root/.cache/x"],
+                          "line": f"loading {repo}/runs/r1/final_model at step 3"})
+    assert got == {"ckpt": "runs/r1/checkpoints/best", "n": 3,
+                   "cmd": ["--data", "$TUTORIAL_DATA_DIR/ds", "--home", "/root/.cache/x"],
+                   "line": "loading runs/r1/final_model at step 3"}
+    assert paths.for_book(f"{repo}other/x") == f"{repo}other/x"  # a sibling folder is not the repository
+
+
+def test_promoted_files_carry_no_path_of_this_machine(tmp_path, monkeypatch):
+    from tutorial_utils import paths
+
+    monkeypatch.setattr(paths, "REPO", tmp_path)
+    run = tmp_path / "runs" / "r1"
+    run.mkdir(parents=True)
+    (run / "train.log").write_text(LOG + f"Saved checkpoint to {run}/checkpoints/step_2\n")
+    (run / "summary.json").write_text(json.dumps({"steps": 2, "best": str(run / "checkpoints/best")}))
+    out = train_report.promote(run, prefix="t_", logs_dir=tmp_path / "logs")
+    for p in out.values():
+        assert str(tmp_path) not in p.read_text(), p
+    assert json.loads(out["summary.json"].read_text())["best"] == "runs/r1/checkpoints/best"
+    assert "Saved checkpoint to runs/r1/checkpoints/step_2" in out["train.log"].read_text()
+
+
 def test_promote_puts_the_recording_card_and_its_first_episode_in_logs_and_assets(tmp_path, monkeypatch):
     from tutorial_utils import paths, synth
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import logs as L
-from tutorial_utils.io import atomic_path, atomic_write_bytes, atomic_write_json
+from tutorial_utils.io import atomic_path, atomic_write_bytes, atomic_write_json, promote_text
 
 RESULTS_FILE = "results.json"
 SERVER_LOG = "server.log"
@@ -476,17 +476,9 @@ def promote(run_dir: str | os.PathLike, logs_dir: Path | None = None, assets_dir
                "eval_log": (eval_log, logs_dir / f"{prefix}{suite}.log"),
                }
     for key, (src, dst) in targets.items():
-        atomic_write_bytes(dst, src.read_bytes())
-        done[key] = dst
-    # the book's copy names the run directory relative to the repository, not this machine's path
-    book_results = json.loads(json.dumps(results))
-    cfg = book_results.get("config", {})
-    if cfg.get("output_dir"):
-        try:
-            cfg["output_dir"] = Path(cfg["output_dir"]).resolve().relative_to(paths.REPO).as_posix()
-        except ValueError:
-            pass
-    done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", book_results)
+        done[key] = promote_text(src, dst)
+    # the book's copy names runs and checkpoints relative to the repository, not this machine's paths
+    done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", paths.for_book(results))
     out_root = Path(results.get("config", {}).get("output_dir") or run)
     episodes = [ep for t in results.get("tasks", []) for ep in t.get("episodes", []) if ep.get("video")]
     videos = [ep["video"] for ep in episodes if ep.get("success")] + [ep["video"] for ep in episodes if not ep.get("success")]

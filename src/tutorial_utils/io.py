@@ -54,6 +54,15 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def promote_text(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Copy a text file (a log, JSON) into the book's ``logs/``, atomically, with this
+    machine's paths made portable (:func:`tutorial_utils.paths.for_book`)."""
+    from tutorial_utils.paths import for_book
+
+    text = Path(src).read_text(encoding="utf-8", errors="surrogateescape")
+    return atomic_write_bytes(dest, for_book(text).encode("utf-8", errors="surrogateescape"))
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False, default=_json_default) + "\n")
 

@@ -19,3 +19,20 @@ ASSETS = REPO / "assets"
 NOTEBOOKS = REPO / "notebooks"
 JOBS = NOTEBOOKS / "jobs"
 BUILD = REPO / "_build"
+
+
+def for_book(value):
+    """``value`` (a string, or JSON-like dicts and lists of them) with this machine's locations
+    made portable, for logs and results promoted into the book: paths under the repository
+    become relative (``runs/...``, ``data/...``), and a runs or data folder moved outside it
+    (``TUTORIAL_RUNS_DIR``, ``TUTORIAL_DATA_DIR``) is written as ``$TUTORIAL_RUNS_DIR/...``."""
+    if isinstance(value, str):
+        for base, name in ((RUNS, "$TUTORIAL_RUNS_DIR"), (DATA, "$TUTORIAL_DATA_DIR")):
+            if not base.is_relative_to(REPO):
+                value = value.replace(f"{base}{os.sep}", f"{name}/")
+        return value.replace(f"{REPO}{os.sep}", "")
+    if isinstance(value, dict):
+        return {k: for_book(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [for_book(v) for v in value]
+    return value

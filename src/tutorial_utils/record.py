@@ -455,5 +455,6 @@ def promote_dataset_card(dataset_root: str | os.PathLike, out: str | os.PathLike
         card["job_wall_s"] = round(float(wall_s), 1)
     from tutorial_utils.io import atomic_write_json
 
+    card = paths.for_book(card)  # the dataset's location relative to the repository, not this machine's path
     atomic_write_json(Path(out) if out else paths.LOGS / "record_dataset.json", card)
     return card

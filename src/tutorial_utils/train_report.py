@@ -4,12 +4,11 @@ loss curves, and promotion of a run's small real outputs into ``logs/`` and ``as
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
 from tutorial_utils import paths
-from tutorial_utils.io import atomic_path, atomic_write_json
+from tutorial_utils.io import promote_text
 
 
 def smoke_test_signs(parsed: dict[str, Any], steps: int) -> list[dict[str, Any]]:
@@ -89,7 +88,8 @@ def plot_losses(rows: list[dict[str, Any]], title: str = "training"):
 
 def promote(run_dir: str | os.PathLike, prefix: str = "train_", logs_dir: Path | None = None) -> dict[str, Path]:
     """Copy a finished training run's small real files into ``logs/``: ``train.log``,
-    ``metrics.jsonl``, ``summary.json`` and ``dataset_statistics.json`` (atomically)."""
+    ``metrics.jsonl``, ``summary.json``, ``dataset_statistics.json`` and ``train_config.json``
+    (atomically, with this machine's paths made portable)."""
     run_dir = Path(run_dir)
     logs_dir = logs_dir or paths.LOGS
     out: dict[str, Path] = {}
@@ -99,8 +99,5 @@ def promote(run_dir: str | os.PathLike, prefix: str = "train_", logs_dir: Path |
             if name in ("train.log", "summary.json"):
                 raise FileNotFoundError(f"{src} is missing: is {run_dir} a finished training run?")
             continue
-        dest = logs_dir / f"{prefix}{name}"
-        with atomic_path(dest) as tmp:
-            shutil.copyfile(src, tmp)
-        out[name] = dest
+        out[name] = promote_text(src, logs_dir / f"{prefix}{name}")
     return out
