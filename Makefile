@@ -39,7 +39,7 @@ $(STAMP)/lerobot03: requirements-lerobot03.txt | $(STAMP)/venv
 	$(PY) -m pip install -q --no-deps --target $(LEROBOT03) -r requirements-lerobot03.txt
 	@touch $@
 
-_vendor/.vendored: src/tutorial_utils/book.py | $(STAMP)/venv
+_vendor/.vendored: src/tutorial_utils/report/book.py | $(STAMP)/venv
 	$(PY) -m tutorial_utils book vendor
 
 system: $(STAMP)/system

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from tutorial_utils import paths
-from tutorial_utils.lerobot import LeRobotDataset, episode_grouped_order
-from tutorial_utils.stats import compute_all, reference_stats_pandas
-from tutorial_utils.synth import generate_dataset
+from tutorial_utils.data.format import LeRobotDataset, episode_grouped_order
+from tutorial_utils.data.stats import compute_all, reference_stats_pandas
+from tutorial_utils.data.synth import generate_dataset
 
 LIBERO_SPATIAL_EPISODES = 432
 LIBERO_SPATIAL_FRAMES = 52_970

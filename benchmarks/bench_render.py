@@ -20,7 +20,7 @@ import time
 
 
 def steps_per_s(profile: str | None, steps: int, image_size: int = 128) -> dict:
-    from tutorial_utils import libero_env as le
+    from tutorial_utils.sim import libero_env as le
 
     t0 = time.perf_counter()
     env = le.make_env("libero_spatial", 0, image_size=image_size, render_profile=profile or "fast",
@@ -43,7 +43,7 @@ def steps_per_s(profile: str | None, steps: int, image_size: int = 128) -> dict:
 
 
 def episodes_per_hour(workers: int, items: list, image_size: int = 128) -> dict:
-    from tutorial_utils import record
+    from tutorial_utils.sim import record
 
     cfg = record.RecordConfig(task_ids=tuple(sorted({t for t, _ in items})), episodes_per_task=1, image_size=image_size)
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,7 +5,7 @@ observation, ~300 kB of msgpack). Measured in the same run, alternating blocks:
 
 - ``echo``: a websockets server that sends each binary frame straight back; the client sends
   the already-packed bytes (the floor: transport of the same payload, twice);
-- ``policy``: ``serving.PolicyClient.infer`` against ``serving.PolicyServer`` serving the
+- ``policy``: ``PolicyClient.infer`` against ``PolicyServer`` serving the
   ``zero`` policy (pack, send, unpack and validate, infer in the worker thread, reply with
   ``server_timing``, unpack).
 
@@ -23,7 +23,10 @@ import time
 
 import numpy as np
 
-from tutorial_utils import policies, serving
+from tutorial_utils.serve.server import HandlerThread, PolicyServer, ServerThread
+from tutorial_utils.serve.client import PolicyClient
+from tutorial_utils.serve.wire import packb
+from tutorial_utils.policies import base as policies
 
 
 def _obs() -> dict:
@@ -55,15 +58,15 @@ def main() -> None:
     blocks = 5
     per_block = max(1, n // blocks)
     obs = _obs()
-    payload = serving.packb(obs)
+    payload = packb(obs)
 
     from websockets.sync.client import connect
 
     lat = {"echo": [], "policy": []}
     wall = {"echo": 0.0, "policy": 0.0}
-    with serving.HandlerThread(_echo) as echo, serving.ServerThread(policies.ZeroPolicy()) as srv:
+    with HandlerThread(_echo) as echo, ServerThread(policies.ZeroPolicy()) as srv:
         ews = connect(f"ws://127.0.0.1:{echo.port}", compression=None, max_size=None, proxy=None, legacy=True)
-        client = serving.PolicyClient(port=srv.port, connect_timeout=10)
+        client = PolicyClient(port=srv.port, connect_timeout=10)
         for _ in range(20):  # warm up both paths
             ews.send(payload)
             ews.recv()

@@ -3,7 +3,7 @@
 Measures samples/s and the share of step time spent waiting for data when training reads a
 LeRobot v2.1 dataset (video decoding in DataLoader workers), against a reference measured in
 the same run: the same model trained from frames already in memory (no data loading at all).
-The dataset is a synthetic LIBERO-schema one (tutorial_utils.synth) written to a temp folder.
+The dataset is a synthetic LIBERO-schema one (tutorial_utils.data.synth) written to a temp folder.
 
     .venv/bin/python benchmarks/bench_train.py [--quick] [--steps N] [--batch-size B]
 
@@ -28,7 +28,7 @@ import numpy as np
 
 def lerobot_statistics(ds) -> dict:
     """dataset_statistics.json's franka block from the dataset's meta/stats.json (the bench
-    does not depend on tutorial_utils.stats)."""
+    does not depend on tutorial_utils.data.stats)."""
     a = ds.stats["action"]
     dim = len(a["min"])
     return {"franka": {"action": {"min": a["min"], "max": a["max"], "mask": [True] * (dim - 1) + [False]},
@@ -37,9 +37,10 @@ def lerobot_statistics(ds) -> dict:
 
 
 def run_row(name, source, out: Path, steps: int, batch: int, workers: int, model: dict, warmup: int) -> dict:
-    from tutorial_utils import train as T
+    from tutorial_utils.train.config import TrainConfig
+    from tutorial_utils.train.loop import train
 
-    cfg = T.TrainConfig.from_overrides({**model, "output_dir": str(out / name), "steps": steps, "batch_size": batch,
+    cfg = TrainConfig.from_overrides({**model, "output_dir": str(out / name), "steps": steps, "batch_size": batch,
                                         "num_workers": workers, "log_freq": 1, "eval_freq": 0, "save_checkpoint": False,
                                         "progress": False, "scheduler_warmup_steps": 2})
     import contextlib
@@ -48,7 +49,7 @@ def run_row(name, source, out: Path, steps: int, batch: int, workers: int, model
     buf = io.StringIO()
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(buf):
-        res = T.train(cfg, source=source)
+        res = train(cfg, source=source)
     wall = time.perf_counter() - t0
     rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "loss" in r]
@@ -75,9 +76,9 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from tutorial_utils.lerobot import LeRobotDataset
-    from tutorial_utils.synth import generate_dataset
-    from tutorial_utils.train import ArraySource, LeRobotSource, WindowDataset
+    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.data.synth import generate_dataset
+    from tutorial_utils.train.data import ArraySource, LeRobotSource, WindowDataset
 
     steps = args.steps or (15 if args.quick else 60)
     warmup = 3 if args.quick else 5

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, write_notebook
-from tutorial_utils import book
+from tutorial_utils.report import book
 
 pytestmark = pytest.mark.book
 

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from conftest import REPO
-from tutorial_utils import book
+from tutorial_utils.report import book
 
 pytestmark = pytest.mark.browser
 HTML = REPO / "_build" / "html"

@@ -1,4 +1,4 @@
-"""tutorial_utils.concepts: batch from an episode, shape tracing, freezing, Euler path, clocks."""
+"""tutorial_utils.report.concepts: batch from an episode, shape tracing, freezing, Euler path, clocks."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from tutorial_utils import concepts as C
-from tutorial_utils import policy as P
-from tutorial_utils import synth
+from tutorial_utils.report import concepts as C
+from tutorial_utils.policies import mini as P
+from tutorial_utils.data import synth
 
 torch.set_num_threads(1)
 
@@ -30,9 +30,9 @@ def setup(episode):
 
 def test_episode_batch_masks_past_the_end(episode):
     b = C.episode_batch(episode, [0, 6], 8, "x")
-    assert b["primary"].shape == (2, 32, 32, 3) and b["state"].shape == (2, 8)
-    assert b["action"].shape == (2, 8, 7) and b["instruction"] == ["x", "x"]
-    assert b["action_mask"][0].all() and b["action_mask"][1].tolist() == [True] * 6 + [False] * 2
+    assert b["observation.images.image"].shape == (2, 32, 32, 3) and b["observation.state"].shape == (2, 8)
+    assert b["action"].shape == (2, 8, 7) and b["task"] == ["x", "x"]
+    assert not b["action_is_pad"][0].any() and b["action_is_pad"][1].tolist() == [False] * 6 + [True] * 2
     np.testing.assert_array_equal(b["action"][1, -1], episode["action"][-1])
     with pytest.raises(IndexError, match="outside the episode"):
         C.episode_batch(episode, [12], 8, "x")

@@ -19,7 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tutorial_utils import evaluate, logs, policies, serving
+from tutorial_utils import logs
+from tutorial_utils.serve.protocol import ServerDied, ServerUnavailable
+from tutorial_utils.serve.server import ServerThread, free_port
+from tutorial_utils.serve.client import wait_for_health
+from tutorial_utils.evaluate.loop import EvalConfig, StageFailed, resize_image, results_table, run_evaluation, suite_max_steps, to_env_action
+from tutorial_utils.evaluate.chain import _absolute, parse_task_ids, run_chain
+from tutorial_utils.report import promote as P
+from tutorial_utils.policies import base as policies
 
 
 # --- pieces ------------------------------------------------------------------------------------------
@@ -27,33 +34,33 @@ from tutorial_utils import evaluate, logs, policies, serving
 
 def test_resize_and_actions():
     img = np.zeros((128, 128, 3), np.uint8)
-    assert evaluate.resize_image(img, 224).shape == (224, 224, 3)
-    assert evaluate.resize_image(img, None) is img and evaluate.resize_image(img, 128) is img
-    a = evaluate.to_env_action([2, 0, 0, 0, 0, 0, 1], "dataset")
+    assert resize_image(img, 224).shape == (224, 224, 3)
+    assert resize_image(img, None) is img and resize_image(img, 128) is img
+    a = to_env_action([2, 0, 0, 0, 0, 0, 1], "dataset")
     assert a[0] == 1.0 and a[6] == -1.0  # clipped; dataset "open" -> robosuite -1
-    assert evaluate.to_env_action([0] * 6 + [-1], "dataset")[6] == 1.0
-    assert evaluate.to_env_action([0] * 6 + [0.3], "robosuite")[6] == pytest.approx(0.3)
+    assert to_env_action([0] * 6 + [-1], "dataset")[6] == 1.0
+    assert to_env_action([0] * 6 + [0.3], "robosuite")[6] == pytest.approx(0.3)
     with pytest.raises(ValueError, match="7 numbers"):
-        evaluate.to_env_action([0, 0, 0])
+        to_env_action([0, 0, 0])
     with pytest.raises(ValueError, match="gripper convention"):
-        evaluate.to_env_action([0] * 7, "weird")
+        to_env_action([0] * 7, "weird")
 
 
 def test_parse_task_ids_and_max_steps():
-    assert evaluate.parse_task_ids("all") is None and evaluate.parse_task_ids("") is None
-    assert evaluate.parse_task_ids("0-2,5") == [0, 1, 2, 5]
-    assert evaluate.parse_task_ids(3) == [3] and evaluate.parse_task_ids([1, "2"]) == [1, 2]
-    assert evaluate.suite_max_steps("libero_spatial") == 220 and evaluate.suite_max_steps("libero_10") == 520
-    assert evaluate.suite_max_steps("libero_spatial", 30) == 30
+    assert parse_task_ids("all") is None and parse_task_ids("") is None
+    assert parse_task_ids("0-2,5") == [0, 1, 2, 5]
+    assert parse_task_ids(3) == [3] and parse_task_ids([1, "2"]) == [1, 2]
+    assert suite_max_steps("libero_spatial") == 220 and suite_max_steps("libero_10") == 520
+    assert suite_max_steps("libero_spatial", 30) == 30
     with pytest.raises(ValueError, match="libero_goal"):
-        evaluate.suite_max_steps("libero_nope")
+        suite_max_steps("libero_nope")
 
 
 # --- the client loop against a fake env ------------------------------------------------------------
 
 
 class FakeEnv:
-    """Just enough of tutorial_utils.libero_env.LiberoEnv: succeeds once x has moved ``goal``."""
+    """Just enough of tutorial_utils.sim.libero_env.LiberoEnv: succeeds once x has moved ``goal``."""
 
     def __init__(self, task_id, goal=6.0, size=128):
         self.task_id, self.goal, self.size = task_id, goal, size
@@ -116,7 +123,7 @@ class CountingPolicy(policies.Policy):
 
 @pytest.fixture
 def fake_envs(monkeypatch):
-    from tutorial_utils import libero_env
+    from tutorial_utils.sim import libero_env
 
     made = []
 
@@ -131,10 +138,10 @@ def fake_envs(monkeypatch):
 
 def test_client_loop_with_fake_env(tmp_path, fake_envs, capsys):
     pol = CountingPolicy()
-    with serving.ServerThread(pol) as srv:
-        cfg = evaluate.EvalConfig(task_ids=[0, 1], trials_per_task=2, port=srv.port, max_steps=12,
+    with ServerThread(pol) as srv:
+        cfg = EvalConfig(task_ids=[0, 1], trials_per_task=2, port=srv.port, max_steps=12,
                                   output_dir=str(tmp_path), connect_timeout=5)
-        res = evaluate.run_evaluation(cfg)
+        res = run_evaluation(cfg)
     out = capsys.readouterr().out
     env0, env1 = fake_envs
     # settle steps first, then the policy's actions with the gripper flipped to robosuite
@@ -159,15 +166,15 @@ def test_client_loop_with_fake_env(tmp_path, fake_envs, capsys):
     assert ep["success"] and ep["steps"] == 6 and ep["init_state"] == 1 and ep["wall_s"] >= 0
     assert (tmp_path / ep["video"]).stat().st_size > 0
     assert saved["tasks"][1]["episodes"][0]["video"].endswith("_failure.mp4")
-    rows = evaluate.results_table(saved)
+    rows = results_table(saved)
     assert rows[0]["success"] == "2/2" and rows[1]["success"] == "0/2"
 
 
 def test_privileged_state_only_when_asked(tmp_path, fake_envs):
     pol = CountingPolicy(privileged=True)
-    with serving.ServerThread(pol) as srv:
-        cfg = evaluate.EvalConfig(task_ids=[0], port=srv.port, output_dir=str(tmp_path), videos=False, connect_timeout=5)
-        evaluate.run_evaluation(cfg)
+    with ServerThread(pol) as srv:
+        cfg = EvalConfig(task_ids=[0], port=srv.port, output_dir=str(tmp_path), videos=False, connect_timeout=5)
+        run_evaluation(cfg)
     assert "privileged" in pol.seen[0] and fake_envs[0].priv_calls == len(pol.seen)
     assert not list(tmp_path.glob("videos/*"))
 
@@ -178,29 +185,29 @@ def test_server_stops_mid_evaluation_client_fails_fast(tmp_path, fake_envs):
             time.sleep(0.05)
             return super().infer(obs)
 
-    srv = serving.ServerThread(SlowPolicy()).start()
+    srv = ServerThread(SlowPolicy()).start()
     threading.Timer(0.5, srv.stop).start()
-    cfg = evaluate.EvalConfig(task_ids=[1], trials_per_task=50, port=srv.port, max_steps=200, output_dir=str(tmp_path),
+    cfg = EvalConfig(task_ids=[1], trials_per_task=50, port=srv.port, max_steps=200, output_dir=str(tmp_path),
                               videos=False, connect_timeout=5, recv_timeout=5)
     t0 = time.monotonic()
-    with pytest.raises(serving.ServerDied):
-        evaluate.run_evaluation(cfg)
+    with pytest.raises(ServerDied):
+        run_evaluation(cfg)
     assert time.monotonic() - t0 < 10
 
 
 def test_client_before_server_and_no_server(tmp_path, fake_envs):
-    cfg = evaluate.EvalConfig(task_ids=[0], port=serving.free_port(), output_dir=str(tmp_path), videos=False,
+    cfg = EvalConfig(task_ids=[0], port=free_port(), output_dir=str(tmp_path), videos=False,
                               connect_timeout=1)
-    with pytest.raises(serving.ServerUnavailable, match="could not connect"):
-        evaluate.run_evaluation(cfg)
+    with pytest.raises(ServerUnavailable, match="could not connect"):
+        run_evaluation(cfg)
 
 
 # --- the chain: stages that fail before LIBERO --------------------------------------------------------
 
 
 def test_chain_names_server_stage_when_policy_unavailable(tmp_path):
-    with pytest.raises(evaluate.StageFailed) as exc:
-        evaluate.run_chain(policy="dit4dit", run_dir=tmp_path / "run", server_timeout=60)
+    with pytest.raises(StageFailed) as exc:
+        run_chain(policy="dit4dit", run_dir=tmp_path / "run", server_timeout=60)
     assert exc.value.stage == "server"
     assert "GPU checkout" in str(exc.value) and "the policy cannot be served here" in str(exc.value)
     status = json.loads((tmp_path / "run" / "status.json").read_text())
@@ -212,8 +219,8 @@ def test_chain_port_already_in_use(tmp_path):
     holder.bind(("127.0.0.1", 0))
     holder.listen()
     try:
-        with pytest.raises(evaluate.StageFailed, match="already in use") as exc:
-            evaluate.run_chain(policy="zero", port=holder.getsockname()[1], run_dir=tmp_path / "run", server_timeout=60)
+        with pytest.raises(StageFailed, match="already in use") as exc:
+            run_chain(policy="zero", port=holder.getsockname()[1], run_dir=tmp_path / "run", server_timeout=60)
         assert exc.value.stage == "server"
     finally:
         holder.close()
@@ -239,15 +246,15 @@ def test_promote(tmp_path):
                "tasks": [{"task_id": 0, "task": "t", "episodes": [{"success": False, "video": None, "steps": 3, "wall_s": 1},
                                                                    {"success": True, "video": "videos/a.mp4", "steps": 2, "wall_s": 1}]}]}
     (run / "results.json").write_text(json.dumps(results))
-    out = evaluate.promote(run, tmp_path / "logs", tmp_path / "assets")
+    out = P.evaluation(run, tmp_path / "logs", tmp_path / "assets")
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["eval_libero_spatial.log", "eval_results.json", "eval_server.log"]
     assert out["video"].read_bytes() == b"fake video" and out["video"].name == "eval_rollout.mp4"
-    other = evaluate.promote(run, tmp_path / "logs3", tmp_path / "assets3", prefix="eval_mini_")
+    other = P.evaluation(run, tmp_path / "logs3", tmp_path / "assets3", prefix="eval_mini_")
     assert sorted(p.name for p in other.values()) == ["eval_mini_libero_spatial.log", "eval_mini_results.json",
                                                       "eval_mini_rollout.mp4", "eval_mini_server.log"]
     (run / "eval_libero_spatial.log").write_text(eval_log(finish=False))
     with pytest.raises(ValueError, match="success checks"):
-        evaluate.promote(run, tmp_path / "logs2", tmp_path / "assets2")
+        P.evaluation(run, tmp_path / "logs2", tmp_path / "assets2")
 
 
 # --- real LIBERO ------------------------------------------------------------------------------------------
@@ -255,7 +262,7 @@ def test_promote(tmp_path):
 
 @pytest.mark.libero
 def test_chain_real_libero_zero_policy(tmp_path):
-    res = evaluate.run_chain(policy="zero", task_ids="0", max_steps=8, run_dir=tmp_path / "run", server_timeout=60,
+    res = run_chain(policy="zero", task_ids="0", max_steps=8, run_dir=tmp_path / "run", server_timeout=60,
                              client_timeout=300)
     assert res.diagnosis.ok and res.results["total_episodes"] == 1
     assert (tmp_path / "run" / "server.log").is_file() and (tmp_path / "run" / "eval_libero_spatial.log").is_file()
@@ -265,13 +272,13 @@ def test_chain_real_libero_zero_policy(tmp_path):
 
 @pytest.mark.libero
 def test_server_killed_mid_real_evaluation(tmp_path):
-    port = serving.free_port()
+    port = free_port()
     with open(tmp_path / "server.log", "w") as fh:
         server = subprocess.Popen([sys.executable, "-m", "tutorial_utils", "serve", "--policy", "zero", "--port", str(port)],
                                   stdout=fh, stderr=subprocess.STDOUT)
     log = tmp_path / "eval_libero_spatial.log"
     try:
-        serving.wait_for_health(port=port, timeout=60)
+        wait_for_health(port=port, timeout=60)
         with open(log, "w") as fh:
             client = subprocess.Popen([sys.executable, "-m", "tutorial_utils", "eval", "--port", str(port), "--task-ids", "0",
                                        "--max-steps", "220", "--output-dir", str(tmp_path), "--no-videos", "--recv-timeout", "20"],
@@ -296,6 +303,6 @@ def test_relative_paths_resolve_for_the_child_processes(tmp_path, monkeypatch):
 
     (tmp_path / "ck").mkdir()
     monkeypatch.chdir(tmp_path)
-    assert evaluate._absolute("ck") == tmp_path / "ck"  # exists here
-    assert evaluate._absolute("runs/x/checkpoints/last") == paths.REPO / "runs/x/checkpoints/last"  # else the repo
-    assert evaluate._absolute("/abs/path") == Path("/abs/path")
+    assert _absolute("ck") == tmp_path / "ck"  # exists here
+    assert _absolute("runs/x/checkpoints/last") == paths.REPO / "runs/x/checkpoints/last"  # else the repo
+    assert _absolute("/abs/path") == Path("/abs/path")

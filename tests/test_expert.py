@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from tutorial_utils import expert as ex
+from tutorial_utils.sim import expert as ex
 
 
 def test_rotation_error_is_world_axis_angle():
@@ -54,7 +54,7 @@ def test_unknown_object_is_a_clear_error():
 
 @pytest.mark.libero
 def test_one_real_episode_headless_succeeds():
-    from tutorial_utils import libero_env as le
+    from tutorial_utils.sim import libero_env as le
 
     env = le.make_env("libero_spatial", 2, init_state=0, cameras=False)
     try:

@@ -9,9 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tutorial_utils import lerobot as lr
-from tutorial_utils.lerobot import DatasetError, LeRobotDataset, LeRobotWriter, libero_features
-from tutorial_utils.synth import generate_dataset, synth_episode
+from tutorial_utils.data.libero_schema import LIBERO_FPS, LIBERO_ROBOT_TYPE
+from tutorial_utils.data.format import REQUIRED_INFO_KEYS, episode_grouped_order
+from tutorial_utils.data.video import decode_all_frames, encode_video
+from tutorial_utils.data.cli import main
+from tutorial_utils.errors import DatasetError
+from tutorial_utils.data.format import LeRobotDataset, LeRobotWriter
+from tutorial_utils.data.libero_schema import libero_features
+from tutorial_utils.data.synth import generate_dataset, synth_episode
 
 SIZE = 32
 
@@ -44,7 +49,7 @@ def test_libero_features_schema():
     assert f["action"]["shape"] == [7] and f["action"]["dtype"] == "float32"
     for k in ("timestamp", "frame_index", "episode_index", "index", "task_index"):
         assert f[k]["shape"] == [1]
-    assert lr.LIBERO_FPS == 20 and lr.LIBERO_ROBOT_TYPE == "franka"
+    assert LIBERO_FPS == 20 and LIBERO_ROBOT_TYPE == "franka"
     with pytest.raises(ValueError):
         libero_features(33)
 
@@ -54,7 +59,7 @@ def test_lerobot_03_layout(tiny):
     import pyarrow.parquet as pq
 
     info = json.loads((tiny / "meta/info.json").read_text())
-    for key in lr.REQUIRED_INFO_KEYS + ("video_path",):
+    for key in REQUIRED_INFO_KEYS + ("video_path",):
         assert key in info
     assert info["codebase_version"] == "v2.1" and info["total_videos"] == 6 and info["splits"] == {"train": "0:3"}
     assert info["data_path"] == "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
@@ -143,7 +148,7 @@ def test_dataloader_workers(tiny):
     torch.set_num_threads(1)
     ds = LeRobotDataset(tiny)
     ds.sample(0)  # caches in the parent must not leak into workers
-    order = lr.episode_grouped_order(ds.lengths, seed=1)
+    order = episode_grouped_order(ds.lengths, seed=1)
     assert sorted(order.tolist()) == list(range(len(ds)))
     dl = torch.utils.data.DataLoader(ds, batch_size=8, sampler=order.tolist(), num_workers=2,
                                      collate_fn=lambda b: b)
@@ -371,8 +376,8 @@ def test_truncated_mp4(copy):
 
 def test_video_fewer_frames_than_parquet(copy):
     p = copy / "videos/chunk-000/observation.images.image/episode_000000.mp4"
-    frames = lr.decode_all_frames(p)
-    lr.encode_video(p, frames[:-4], 20)
+    frames = decode_all_frames(p)
+    encode_video(p, frames[:-4], 20)
     with pytest.raises(DatasetError, match=r"video has \d+ frames but the parquet has \d+ rows"):
         LeRobotDataset(copy, verify_videos=True)
     ds = LeRobotDataset(copy, verify_videos=False)
@@ -388,12 +393,12 @@ def test_bad_jsonl(copy):
 
 def test_cli_info_validate_generate(tmp_path, capsys):
     root = tmp_path / "g"
-    assert lr.main(["generate", str(root), "--episodes", "2", "--length", "8", "--image-size", "32"]) == 0
-    assert lr.main(["validate", str(root), "--deep"]) == 0
+    assert main(["generate", str(root), "--episodes", "2", "--length", "8", "--image-size", "32"]) == 0
+    assert main(["validate", str(root), "--deep"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ok"] is True
-    assert lr.main(["info", str(root)]) == 0
+    assert main(["info", str(root)]) == 0
     (root / "meta/info.json").unlink()
-    assert lr.main(["validate", str(root)]) == 1
+    assert main(["validate", str(root)]) == 1
     assert "Fix:" in capsys.readouterr().err
 
 
@@ -409,7 +414,9 @@ def test_seek_random_access_long_episode(tmp_path):
 
 
 def test_a_second_writer_on_the_same_dataset_is_refused(tmp_path):
-    from tutorial_utils.lerobot import DatasetError, LeRobotWriter, libero_features
+    from tutorial_utils.errors import DatasetError
+    from tutorial_utils.data.format import LeRobotWriter
+    from tutorial_utils.data.libero_schema import libero_features
 
     root = tmp_path / "ds"
     first = LeRobotWriter(root, libero_features(32), fps=20)

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tutorial_utils.lerobot import LeRobotDataset
-from tutorial_utils.stats import load_columns
-from tutorial_utils.synth import generate_dataset
+from tutorial_utils.data.format import LeRobotDataset
+from tutorial_utils.data.stats import load_columns
+from tutorial_utils.data.synth import generate_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 LEROBOT03 = REPO / ".lerobot03"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tutorial_utils import libero_env as le
+from tutorial_utils.sim import libero_env as le
 
 
 def test_flip_rotates_180_degrees():

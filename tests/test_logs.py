@@ -11,11 +11,11 @@ import pytest
 from tutorial_utils import logs as L
 
 SERVER_OK = f"""\
-2026-01-01 10:00:00,000 INFO tutorial_utils.serving: {L.SERVER_RUNNING.format(host='127.0.0.1', port=8000)}
+2026-01-01 10:00:00,000 INFO tutorial_utils.serve: {L.SERVER_RUNNING.format(host='127.0.0.1', port=8000)}
 2026-01-01 10:00:00,001 INFO websockets.server: {L.SERVER_LISTENING.format(host='127.0.0.1', port=8000)}
 2026-01-01 10:00:01,000 INFO websockets.server: {L.SERVER_CONNECTION_OPEN}
-2026-01-01 10:00:01,000 INFO tutorial_utils.serving: {L.SERVER_CONNECTION_FROM.format(addr=('127.0.0.1', 5555))}
-2026-01-01 10:05:00,000 INFO tutorial_utils.serving: {L.SERVER_CONNECTION_CLOSED.format(addr=('127.0.0.1', 5555))}
+2026-01-01 10:00:01,000 INFO tutorial_utils.serve: {L.SERVER_CONNECTION_FROM.format(addr=('127.0.0.1', 5555))}
+2026-01-01 10:05:00,000 INFO tutorial_utils.serve: {L.SERVER_CONNECTION_CLOSED.format(addr=('127.0.0.1', 5555))}
 """
 
 SERVER_NO_CONNECTION = "\n".join(SERVER_OK.splitlines()[:2]) + "\n"
@@ -97,7 +97,7 @@ def test_parse_eval_log_from_path(tmp_path):
 
 
 def test_parse_server_log():
-    res = L.parse_server_log(SERVER_OK + "x WARNING tutorial_utils.serving: "
+    res = L.parse_server_log(SERVER_OK + "x WARNING tutorial_utils.serve: "
                              + L.SERVER_REQUEST_ERROR.format(addr="a", error="ObservationError: missing key") + "\n")
     assert res["running"] and res["listening"] == ["127.0.0.1:8000"]
     assert res["connections_open"] == 1 and res["connections_closed"] == 1
@@ -151,7 +151,7 @@ def test_diagnose_listening_but_no_connection(tmp_path):
 
 
 def test_diagnose_connected_but_no_tasks(tmp_path):
-    ev = "Traceback (most recent call last):\n  File \"libero_env.py\"\ntutorial_utils.libero_env.GLBackendError: no offscreen GL backend works\n"
+    ev = "Traceback (most recent call last):\n  File \"libero_env.py\"\ntutorial_utils.sim.libero_env.GLBackendError: no offscreen GL backend works\n"
     d = _run(tmp_path, server__log=SERVER_OK, eval_libero_spatial__log=ev)
     assert d.failed_stage == "LIBERO setup"
     assert any("LIBERO_CONFIG_PATH" in c for c in d.causes) and any("EGL" in c or "GL" in c for c in d.causes)
@@ -160,7 +160,7 @@ def test_diagnose_connected_but_no_tasks(tmp_path):
 
 def test_diagnose_server_died_mid_evaluation(tmp_path):
     ev = eval_log(finish=False) + ("Starting episode 4...\nTraceback (most recent call last):\n  File \"evaluate.py\"\n"
-                                   "tutorial_utils.serving.ServerDied: the policy server closed the connection\n")
+                                   "tutorial_utils.serve.ServerDied: the policy server closed the connection\n")
     d = _run(tmp_path, server__log=SERVER_OK, eval_libero_spatial__log=ev)
     assert d.failed_stage == "evaluation" and not d.signs["total success rate"]
     assert "ServerDied" in d.causes[0]

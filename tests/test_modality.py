@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from tutorial_utils.modality import LIBERO_MODALITY, ModalityError, build_modality, modality_table, validate_modality
-from tutorial_utils.synth import generate_dataset
+from tutorial_utils.data.modality import LIBERO_MODALITY, ModalityError, build_modality, modality_table, validate_modality
+from tutorial_utils.data.synth import generate_dataset
 
 
 @pytest.fixture(scope="module")

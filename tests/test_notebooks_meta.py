@@ -8,7 +8,8 @@ import jupytext
 import pytest
 
 from conftest import REPO
-from tutorial_utils import book, jobs
+from tutorial_utils import jobs
+from tutorial_utils.report import book
 
 NOTEBOOKS = book.toc_notebooks(REPO) + book.job_notebooks(REPO)
 SIMPLE = (str, int, float, bool, type(None))

@@ -3,7 +3,8 @@
 import json
 
 from conftest import write_notebook
-from tutorial_utils import jobs, logs, pipeline, train_report
+from tutorial_utils import jobs, logs, pipeline
+from tutorial_utils.report import promote, train_report
 
 
 def _stage_notebooks(folder):
@@ -65,12 +66,12 @@ def test_promote_copies_a_finished_run(tmp_path):
     run.mkdir()
     (run / "train.log").write_text(LOG)
     (run / "summary.json").write_text(json.dumps({"steps": 2}))
-    out = train_report.promote(run, prefix="t_", logs_dir=tmp_path / "logs")
+    out = promote.training(run, prefix="t_", logs_dir=tmp_path / "logs")
     assert sorted(p.name for p in out.values()) == ["t_summary.json", "t_train.log"]
     import pytest
 
     with pytest.raises(FileNotFoundError, match="finished training run"):
-        train_report.promote(tmp_path / "logs", logs_dir=tmp_path / "x")
+        promote.training(tmp_path / "logs", logs_dir=tmp_path / "x")
 
 
 def test_for_book_makes_this_machines_paths_portable(tmp_path, monkeypatch):
@@ -97,7 +98,7 @@ def test_promoted_files_carry_no_path_of_this_machine(tmp_path, monkeypatch):
     run.mkdir(parents=True)
     (run / "train.log").write_text(LOG + f"Saved checkpoint to {run}/checkpoints/step_2\n")
     (run / "summary.json").write_text(json.dumps({"steps": 2, "best": str(run / "checkpoints/best")}))
-    out = train_report.promote(run, prefix="t_", logs_dir=tmp_path / "logs")
+    out = promote.training(run, prefix="t_", logs_dir=tmp_path / "logs")
     for p in out.values():
         assert str(tmp_path) not in p.read_text(), p
     assert json.loads(out["summary.json"].read_text())["best"] == "runs/r1/checkpoints/best"
@@ -105,7 +106,8 @@ def test_promoted_files_carry_no_path_of_this_machine(tmp_path, monkeypatch):
 
 
 def test_promote_puts_the_recording_card_and_its_first_episode_in_logs_and_assets(tmp_path, monkeypatch):
-    from tutorial_utils import paths, synth
+    from tutorial_utils import paths
+    from tutorial_utils.data import synth
 
     ds = tmp_path / "data" / "rec"
     synth.generate_dataset(ds, n_episodes=2, mean_length=12, image_size=32)

@@ -9,9 +9,9 @@ matplotlib.use("Agg")
 import numpy as np
 import pytest
 
-from tutorial_utils import plots
-from tutorial_utils.lerobot import LeRobotDataset
-from tutorial_utils.synth import generate_dataset
+from tutorial_utils.report import plots
+from tutorial_utils.data.format import LeRobotDataset
+from tutorial_utils.data.synth import generate_dataset
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from tutorial_utils import record as rec
+from tutorial_utils.report import promote as P
+from tutorial_utils.sim import record as rec
 
 SIZE = 32
 
@@ -73,7 +74,7 @@ def test_refuses_a_different_dataset(tmp_path):
 
 
 def test_a_failure_midway_leaves_a_valid_dataset(tmp_path, monkeypatch):
-    from tutorial_utils.lerobot import LeRobotDataset, LeRobotWriter
+    from tutorial_utils.data.format import LeRobotDataset, LeRobotWriter
 
     root = tmp_path / "ds"
     calls = {"n": 0}
@@ -104,7 +105,7 @@ def test_failed_items_are_skipped_and_counted(tmp_path):
 
 
 def test_bad_parameters_fail_before_any_work(tmp_path):
-    from tutorial_utils import libero_env as le
+    from tutorial_utils.sim import libero_env as le
 
     with pytest.raises(le.LiberoError, match="unknown LIBERO suite"):
         rec.record(tmp_path / "a", cfg(suite="libero_nope"), progress=False, log=None)
@@ -122,7 +123,7 @@ def test_resume_after_kill(tmp_path):
         import sys, time
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_record import fake_item, cfg
-        from tutorial_utils import record as rec
+        from tutorial_utils.sim import record as rec
         def slow(c, it):
             time.sleep(0.4)
             return fake_item(c, it)
@@ -144,14 +145,14 @@ def test_resume_after_kill(tmp_path):
     man = json.loads((root / rec.MANIFEST).read_text())
     pairs = [(e["task_id"], e["init_state"]) for e in man["episodes"]]
     assert sorted(pairs) == sorted(cfg(episodes_per_task=4).items())
-    from tutorial_utils.lerobot import LeRobotDataset
+    from tutorial_utils.data.format import LeRobotDataset
 
     LeRobotDataset(root).validate()
 
 
 def test_replay_drops_noops():
     """Replay keeps only frames whose action moves the arm or changes the gripper command."""
-    from tutorial_utils import libero_env as le
+    from tutorial_utils.sim import libero_env as le
 
     class FakeEnv:
         def __init__(self):
@@ -183,7 +184,7 @@ def test_replay_drops_noops():
 
 @pytest.mark.libero
 def test_one_real_recorded_episode(tmp_path):
-    from tutorial_utils.lerobot import LeRobotDataset
+    from tutorial_utils.data.format import LeRobotDataset
 
     root = tmp_path / "real"
     s = rec.record(root, rec.RecordConfig(task_ids=(2,), episodes_per_task=1, image_size=SIZE),
@@ -212,12 +213,12 @@ def test_parse_task_ids_and_output_dir(tmp_path):
 def test_schema_report_against_ipec(tmp_path):
     root = tmp_path / "ds"
     rec.record(root, cfg(task_ids=(0,), episodes_per_task=1), episode_fn=fake_item, progress=False, log=None)
-    rep = rec.schema_report(root)
+    rep = P.schema_report(root)
     assert rep["names_equal"] and rep["dtypes_equal"] and rep["shapes_equal_except_resolution"]
     assert not rep["shapes_equal"]  # 32x32 images instead of IPEC's 256x256
-    card = rec.promote_dataset_card(root, out=tmp_path / "card.json")
+    card = P.dataset_card(root, out=tmp_path / "card.json")
     assert card["total_episodes"] == 1 and card["per_task"]["0"]["episodes"] == 1
-    clip = rec.promote_episode(root, 0, assets_dir=tmp_path / "assets")
+    clip = P.recording_episode(root, 0, assets_dir=tmp_path / "assets")
     assert (tmp_path / "assets" / clip["primary"]).stat().st_size > 0
     with pytest.raises(rec.RecordError, match="episode 5 does not exist"):
-        rec.promote_episode(root, 5, assets_dir=tmp_path / "assets")
+        P.recording_episode(root, 5, assets_dir=tmp_path / "assets")

@@ -14,7 +14,14 @@ import traceback
 import numpy as np
 import pytest
 
-from tutorial_utils import logs, policies, serving
+from tutorial_utils import logs
+from tutorial_utils.serve.server import HandlerThread, ServerThread, free_port
+from tutorial_utils.serve.client import PolicyClient, check_health, wait_for_health
+from tutorial_utils.serve.protocol import PortInUse, ServerDied, ServerError, ServerUnavailable, reply_actions, to_policy_observation, to_request
+from tutorial_utils.serve.wire import packb, unpackb
+from tutorial_utils.policies.expert import ExpertPolicy
+from tutorial_utils.policies.base import PolicyUnavailable, ZeroPolicy
+from tutorial_utils.policies import available, make_policy
 
 
 def _obs(size: int = 224) -> dict:
@@ -29,7 +36,7 @@ def _obs(size: int = 224) -> dict:
 
 @pytest.fixture(scope="module")
 def server():
-    with serving.ServerThread(policies.ZeroPolicy()) as srv:
+    with ServerThread(ZeroPolicy()) as srv:
         yield srv
 
 
@@ -48,19 +55,19 @@ def test_pack_roundtrip_and_openpi_framing():
     from openpi_client import msgpack_numpy
 
     msg = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.float64(1.5), "i": np.int32(7), "t": "x", "n": [1, 2]}
-    for data in (serving.packb(msg), msgpack_numpy.packb(msg)):
-        for back in (serving.unpackb(data), msgpack_numpy.unpackb(data)):
+    for data in (packb(msg), msgpack_numpy.packb(msg)):
+        for back in (unpackb(data), msgpack_numpy.unpackb(data)):
             np.testing.assert_array_equal(back["a"], msg["a"])
             assert back["a"].dtype == np.float32 and back["s"] == 1.5 and isinstance(back["i"], np.int32)
             assert back["t"] == "x" and back["n"] == [1, 2]
-    assert serving.packb(msg) == msgpack_numpy.packb(msg)  # byte-identical framing
+    assert packb(msg) == msgpack_numpy.packb(msg)  # byte-identical framing
 
 
 def test_unpack_accepts_str_keys():
     import msgpack
 
     raw = msgpack.packb({"x": {"__ndarray__": True, "data": b"\x01\x02", "dtype": "|u1", "shape": [2]}})
-    np.testing.assert_array_equal(serving.unpackb(raw)["x"], [1, 2])
+    np.testing.assert_array_equal(unpackb(raw)["x"], [1, 2])
 
 
 # --- interop ---------------------------------------------------------------------------------------
@@ -95,35 +102,35 @@ async def _openpi_style_handler(ws):
 
 
 def test_our_client_drives_openpi_style_server():
-    with serving.HandlerThread(_openpi_style_handler) as srv:
-        with serving.PolicyClient(port=srv.port, connect_timeout=5) as client:
+    with HandlerThread(_openpi_style_handler) as srv:
+        with PolicyClient(port=srv.port, connect_timeout=5) as client:
             assert client.metadata == {"server": "openpi-style"}
             reply = client.infer(_obs())
             np.testing.assert_array_equal(reply["actions"], np.full((5, 7), 8, np.float32))
-            with pytest.raises(serving.ServerError, match="KeyError"):
+            with pytest.raises(ServerError, match="KeyError"):
                 client.infer({"prompt": "no state"})
 
 
 def test_dit4dit_examples_request(server):
-    with serving.PolicyClient(port=server.port, protocol="dit4dit") as client:
+    with PolicyClient(port=server.port, protocol="dit4dit") as client:
         reply = client.infer(_obs())
     assert reply["data"]["normalized_actions"].shape == (1, 8, 8)
-    assert serving.reply_actions(reply).shape == (8, 7)
-    obs = serving.to_policy_observation(serving.to_request(_obs(), "dit4dit"), 224)
+    assert reply_actions(reply).shape == (8, 7)
+    obs = to_policy_observation(to_request(_obs(), "dit4dit"), 224)
     np.testing.assert_allclose(obs["observation/state"], _obs()["observation/state"], atol=1e-5)
     np.testing.assert_array_equal(obs["observation/wrist_image"], _obs()["observation/wrist_image"])
 
 
 def test_infer_in_thread():
-    with serving.ServerThread(policies.ZeroPolicy(horizon=4)) as srv:
+    with ServerThread(ZeroPolicy(horizon=4)) as srv:
         srv.server.infer_in_thread = True
-        with serving.PolicyClient(port=srv.port) as client:
+        with PolicyClient(port=srv.port) as client:
             assert client.infer(_obs())["actions"].shape == (4, 7)
 
 
 def test_healthz(server):
-    assert serving.check_health(port=server.port)
-    assert serving.wait_for_health(port=server.port, timeout=2) < 2
+    assert check_health(port=server.port)
+    assert wait_for_health(port=server.port, timeout=2) < 2
 
 
 # --- bad input --------------------------------------------------------------------------------------
@@ -133,30 +140,30 @@ def test_malformed_msgpack_gets_error_and_server_keeps_serving(server):
     from websockets.sync.client import connect
 
     with connect(f"ws://127.0.0.1:{server.port}", compression=None, max_size=None, proxy=None) as ws:
-        serving.unpackb(ws.recv(timeout=5))  # metadata
+        unpackb(ws.recv(timeout=5))  # metadata
         ws.send(b"\xc1\xc1 not msgpack")
         err = ws.recv(timeout=5)
         assert isinstance(err, str) and "not valid msgpack" in err
-        ws.send(serving.packb(_obs()))
-        assert serving.unpackb(ws.recv(timeout=5))["actions"].shape == (8, 7)
+        ws.send(packb(_obs()))
+        assert unpackb(ws.recv(timeout=5))["actions"].shape == (8, 7)
 
 
 def test_missing_observation_key(server):
     obs = _obs()
     del obs["observation/wrist_image"]
-    with serving.PolicyClient(port=server.port) as client:
-        with pytest.raises(serving.ServerError, match="missing key.*observation/wrist_image"):
+    with PolicyClient(port=server.port) as client:
+        with pytest.raises(ServerError, match="missing key.*observation/wrist_image"):
             client.infer(obs)
 
 
 def test_wrong_image_shape(server):
     obs = _obs()
     obs["observation/image"] = np.zeros((128, 128, 3), np.uint8)
-    with serving.PolicyClient(port=server.port) as client:
-        with pytest.raises(serving.ServerError, match=r"observation/image.*\(224, 224, 3\).*\(128, 128, 3\)"):
+    with PolicyClient(port=server.port) as client:
+        with pytest.raises(ServerError, match=r"observation/image.*\(224, 224, 3\).*\(128, 128, 3\)"):
             client.infer(obs)
         obs["observation/image"] = np.zeros((224, 224), np.uint8)
-        with pytest.raises(serving.ServerError, match=r"\(H, W, 3\)"):
+        with pytest.raises(ServerError, match=r"\(H, W, 3\)"):
             client.infer(obs)
         assert client.infer(_obs())["actions"].shape == (8, 7)
 
@@ -165,15 +172,15 @@ def test_wrong_image_shape(server):
 
 
 def test_server_killed_mid_evaluation(tmp_path):
-    port = serving.free_port()
+    port = free_port()
     proc = _start_cli_server(port, tmp_path / "server.log")
     try:
-        client = serving.PolicyClient(port=port, connect_timeout=30, recv_timeout=10)
+        client = PolicyClient(port=port, connect_timeout=30, recv_timeout=10)
         assert client.infer(_obs())["actions"].shape == (8, 7)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         t0 = time.monotonic()
-        with pytest.raises(serving.ServerDied, match="closed the connection"):
+        with pytest.raises(ServerDied, match="closed the connection"):
             for _ in range(3):
                 client.infer(_obs())
         assert time.monotonic() - t0 < 5
@@ -190,14 +197,14 @@ def test_server_stuck_times_out():
     from websockets.sync.server import serve
 
     def handler(ws):
-        ws.send(serving.packb({"stuck": True}))
+        ws.send(packb({"stuck": True}))
         time.sleep(3)
 
     with serve(handler, "127.0.0.1", 0) as srv:
         threading.Thread(target=srv.serve_forever, daemon=True).start()
         port = srv.socket.getsockname()[1]
-        client = serving.PolicyClient(port=port, recv_timeout=0.5)
-        with pytest.raises(serving.ServerDied, match="did not answer within"):
+        client = PolicyClient(port=port, recv_timeout=0.5)
+        with pytest.raises(ServerDied, match="did not answer within"):
             client.infer(_obs())
         srv.shutdown()
 
@@ -208,8 +215,8 @@ def test_port_already_in_use(tmp_path):
     holder.listen()
     port = holder.getsockname()[1]
     try:
-        with pytest.raises(serving.PortInUse, match=f"port {port} .*already in use"):
-            serving.ServerThread(policies.ZeroPolicy(), port=port).start()
+        with pytest.raises(PortInUse, match=f"port {port} .*already in use"):
+            ServerThread(ZeroPolicy(), port=port).start()
         proc = subprocess.run(
             [sys.executable, "-m", "tutorial_utils", "serve", "--policy", "zero", "--port", str(port)],
             capture_output=True, text=True, timeout=60,
@@ -221,12 +228,12 @@ def test_port_already_in_use(tmp_path):
 
 
 def test_client_started_before_server(tmp_path):
-    port = serving.free_port()
+    port = free_port()
     result = {}
 
     def connect():
         try:
-            c = serving.PolicyClient(port=port, connect_timeout=30, retry_interval=0.2)
+            c = PolicyClient(port=port, connect_timeout=30, retry_interval=0.2)
             result["reply"] = c.infer(_obs())
             c.close()
         except Exception as exc:  # reported below
@@ -236,44 +243,44 @@ def test_client_started_before_server(tmp_path):
     t.start()
     time.sleep(1.0)
     assert t.is_alive()  # still retrying
-    with serving.ServerThread(policies.ZeroPolicy(), port=port):
+    with ServerThread(ZeroPolicy(), port=port):
         t.join(20)
     assert "error" not in result, result.get("error")
     assert result["reply"]["actions"].shape == (8, 7)
 
 
 def test_client_gives_up_with_clear_error():
-    port = serving.free_port()
+    port = free_port()
     t0 = time.monotonic()
-    with pytest.raises(serving.ServerUnavailable, match=f"could not connect.*{port}.*within 1 s"):
-        serving.PolicyClient(port=port, connect_timeout=1, retry_interval=0.2)
+    with pytest.raises(ServerUnavailable, match=f"could not connect.*{port}.*within 1 s"):
+        PolicyClient(port=port, connect_timeout=1, retry_interval=0.2)
     assert time.monotonic() - t0 < 5
-    with pytest.raises(serving.ServerUnavailable, match="healthz"):
-        serving.wait_for_health(port=port, timeout=0.5, interval=0.1)
+    with pytest.raises(ServerUnavailable, match="healthz"):
+        wait_for_health(port=port, timeout=0.5, interval=0.1)
 
 
 # --- policies ------------------------------------------------------------------------------------
 
 
 def test_registry_clear_errors():
-    assert {"expert", "zero", "mini", "dit4dit"} <= set(policies.available())
-    with pytest.raises(policies.PolicyUnavailable, match="GPU checkout"):
-        policies.make_policy("dit4dit")
-    with pytest.raises(policies.PolicyUnavailable, match="unknown policy 'nope'.*expert"):
-        policies.make_policy("nope")
-    with pytest.raises(policies.PolicyUnavailable, match="mini"):
-        policies.make_policy("mini")
+    assert {"expert", "zero", "mini", "dit4dit"} <= set(available())
+    with pytest.raises(PolicyUnavailable, match="GPU checkout"):
+        make_policy("dit4dit")
+    with pytest.raises(PolicyUnavailable, match="unknown policy 'nope'.*expert"):
+        make_policy("nope")
+    with pytest.raises(PolicyUnavailable, match="mini"):
+        make_policy("mini")
 
 
 def test_expert_without_privileged_state_is_refused(server):
-    with serving.ServerThread(policies.ExpertPolicy()) as srv, serving.PolicyClient(port=srv.port) as client:
+    with ServerThread(ExpertPolicy()) as srv, PolicyClient(port=srv.port) as client:
         assert client.metadata["needs_privileged"] is True
-        with pytest.raises(serving.ServerError, match="privileged"):
+        with pytest.raises(ServerError, match="privileged"):
             client.infer(_obs())
 
 
 def test_expert_policy_fresh_controller_per_episode(monkeypatch):
-    from tutorial_utils import expert
+    from tutorial_utils.sim import expert
 
     made = []
 
@@ -289,7 +296,7 @@ def test_expert_policy_fresh_controller_per_episode(monkeypatch):
             return np.arange(7, dtype=np.float64)
 
     monkeypatch.setattr(expert, "ScriptedExpert", FakeExpert)
-    pol = policies.ExpertPolicy()
+    pol = ExpertPolicy()
     for ep in ("a", "a", "b"):
         out = pol.infer({"privileged": {"episode_id": ep, "task_info": {"objects_of_interest": ["bowl", "plate"]}, "obs": {}}})
     assert out["actions"].shape == (1, 7) and out["actions"].dtype == np.float32
@@ -297,20 +304,20 @@ def test_expert_policy_fresh_controller_per_episode(monkeypatch):
 
 
 def test_mini_policy_served_from_a_checkpoint(tmp_path):
-    """The registry's `mini` entry serves a (tiny, untrained) checkpoint of tutorial_utils.policy."""
+    """The registry's `mini` entry serves a (tiny, untrained) checkpoint of tutorial_utils.policies.mini."""
     torch = pytest.importorskip("torch")
-    from tutorial_utils import policy as P
+    from tutorial_utils.policies import mini as P
 
     torch.set_num_threads(1)
     stats = {"franka": {"action": {"min": [-1] * 7, "max": [1] * 7, "mask": [True] * 6 + [False]},
                         "state": {}, "num_trajectories": 1, "num_transitions": 1}}
     cfg = P.PolicyConfig(image_size=32, model_dim=32, num_heads=2, action_depth=2, vocab_size=256, max_words=8)
     ck = P.MiniPolicy(cfg, stats).save(tmp_path / "ck", {"dataset": {"image_size": 32, "gripper": "dataset"}})
-    pol = policies.make_policy("mini", checkpoint=str(ck))
-    with serving.ServerThread(pol) as srv, serving.PolicyClient(port=srv.port) as client:
+    pol = make_policy("mini", checkpoint=str(ck))
+    with ServerThread(pol) as srv, PolicyClient(port=srv.port) as client:
         md = client.metadata
         assert md["policy"] == "mini" and md["image_size"] == 32 and md["gripper"] == "dataset" and not md["needs_privileged"]
         reply = client.infer(_obs(32))
         assert reply["actions"].shape == (md["action_horizon"], 7)
-        with pytest.raises(serving.ServerError, match=r"\(32, 32, 3\)"):
+        with pytest.raises(ServerError, match=r"\(32, 32, 3\)"):
             client.infer(_obs(224))

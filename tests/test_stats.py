@@ -10,9 +10,11 @@ import shutil
 import numpy as np
 import pytest
 
-from tutorial_utils import stats as st
-from tutorial_utils.lerobot import DatasetError, LeRobotDataset, LeRobotWriter, libero_features
-from tutorial_utils.synth import generate_dataset, synth_episode
+from tutorial_utils.data import stats as st
+from tutorial_utils.errors import DatasetError
+from tutorial_utils.data.format import LeRobotDataset, LeRobotWriter
+from tutorial_utils.data.libero_schema import libero_features
+from tutorial_utils.data.synth import generate_dataset, synth_episode
 
 
 @pytest.fixture
@@ -214,7 +216,7 @@ def test_wrong_row_width_is_named(root4):
 
 
 def test_cli_stats(root, tmp_path, capsys):
-    from tutorial_utils.lerobot import main
+    from tutorial_utils.data.cli import main
 
     assert main(["stats", str(root), "--run-dir", str(tmp_path / "run")]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

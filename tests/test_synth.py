@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tutorial_utils.lerobot import LeRobotDataset, libero_features
-from tutorial_utils.synth import generate_dataset, synth_episode
+from tutorial_utils.data.format import LeRobotDataset
+from tutorial_utils.data.libero_schema import libero_features
+from tutorial_utils.data.synth import generate_dataset, synth_episode
 
 
 def test_synth_episode_shapes():

@@ -16,8 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from tutorial_utils import policy as P
-from tutorial_utils import train as T
+from tutorial_utils.policies.base import CheckpointError
+from tutorial_utils.policies.mini import MiniPolicy
+from tutorial_utils.policies.checkpoint import load_policy
+from tutorial_utils.errors import ConfigError
+from tutorial_utils.train.config import DatasetNotReady, TrainConfig, parameters_table, parse_overrides
+from tutorial_utils.train.data import StepBatchSampler, open_dataset, random_shift, split_episodes, synthetic_source
+from tutorial_utils.train.loop import lr_factor, train
+from tutorial_utils.train.cli import main
+from tutorial_utils.train.job import metrics_table, resolve_dataset, run_job
 from tutorial_utils.logs import parse_train_log
 
 torch.set_num_threads(1)
@@ -27,26 +34,26 @@ TINY = dict(image_size=32, model_dim=32, num_heads=2, action_depth=1, language_l
             scheduler_warmup_steps=2, progress=False, val_samples=16)
 
 
-def cfg(tmp_path, name="run", **kw) -> T.TrainConfig:
-    return T.TrainConfig.from_overrides({**TINY, "output_dir": str(tmp_path / name), **kw})
+def cfg(tmp_path, name="run", **kw) -> TrainConfig:
+    return TrainConfig.from_overrides({**TINY, "output_dir": str(tmp_path / name), **kw})
 
 
 @pytest.fixture(scope="module")
 def source():
-    return T.synthetic_source(n_episodes=5, length=16, image_size=32)
+    return synthetic_source(n_episodes=5, length=16, image_size=32)
 
 
 # --- config -------------------------------------------------------------------------------------
 
 
 def test_parameters_and_aliases():
-    c = T.TrainConfig.from_overrides(["per_device_batch_size=4", "trainer.max_train_steps=20", "save_interval=7",
+    c = TrainConfig.from_overrides(["per_device_batch_size=4", "trainer.max_train_steps=20", "save_interval=7",
                                       "eval_interval=5", "logging_frequency=1", "freeze_modules=backbone",
                                       "save_checkpoint=false", "optimizer_lr=3e-4", "optimizer_betas=0.9,0.99"])
     assert (c.batch_size, c.steps, c.save_freq, c.eval_freq, c.log_freq) == (4, 20, 7, 5, 1)
     assert c.freeze_list == ["backbone"] and c.save_checkpoint is False and c.optimizer_lr == 3e-4
     assert c.optimizer_betas == (0.9, 0.99)
-    table = T.parameters_table()
+    table = parameters_table()
     for name in ("batch_size", "steps", "seed", "num_workers", "eval_freq", "log_freq", "save_freq", "save_checkpoint",
                  "optimizer_lr", "optimizer_weight_decay", "optimizer_grad_clip_norm", "scheduler_warmup_steps",
                  "scheduler_decay_steps", "data_mix", "per_device_batch_size", "pretrained_checkpoint",
@@ -55,37 +62,38 @@ def test_parameters_and_aliases():
 
 
 def test_unknown_parameter_is_a_clear_error():
-    with pytest.raises(T.ConfigError, match="unknown training parameter 'batchsize'.*Did you mean batch_size"):
-        T.TrainConfig.from_overrides({"batchsize": 2})
-    with pytest.raises(T.ConfigError, match="expected int"):
-        T.TrainConfig.from_overrides({"steps": "many"})
-    with pytest.raises(T.ConfigError, match="given twice"):
-        T.TrainConfig.from_overrides({"steps": 2, "max_train_steps": 3})
-    with pytest.raises(T.ConfigError, match="key=value"):
-        T.parse_overrides(["steps"])
-    assert T.main(["--output-dir", "/tmp/x", "bogus=1"]) == 2
-    assert T.main(["--output-dir", "/tmp/x", "--trainer.max_train_stepz", "2"]) == 2
+    with pytest.raises(ConfigError, match="unknown parameter 'batchsize'.*Did you mean batch_size"):
+        TrainConfig.from_overrides({"batchsize": 2})
+    with pytest.raises(ConfigError, match="expected int"):
+        TrainConfig.from_overrides({"steps": "many"})
+    with pytest.raises(ConfigError, match="given twice"):
+        TrainConfig.from_overrides({"steps": 2, "max_train_steps": 3})
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_overrides(["steps"])
+    assert main(["--output-dir", "/tmp/x", "bogus=1"]) == 2
+    assert main(["--output-dir", "/tmp/x", "--trainer.max_train_stepz", "2"]) == 2
 
 
 def test_random_shift_is_seeded_and_keeps_shapes():
-    b = {"primary": torch.randint(0, 255, (3, 16, 16, 3), dtype=torch.uint8), "wrist": torch.zeros(3, 16, 16, 3, dtype=torch.uint8)}
-    a1 = T.random_shift(b, 2, torch.Generator().manual_seed(1))
-    a2 = T.random_shift(b, 2, torch.Generator().manual_seed(1))
-    assert a1["primary"].shape == (3, 3, 16, 16) and torch.equal(a1["primary"], a2["primary"])
-    assert float(a1["primary"].max()) <= 1.0
+    b = {"observation.images.image": torch.randint(0, 255, (3, 16, 16, 3), dtype=torch.uint8),
+         "observation.images.wrist_image": torch.zeros(3, 16, 16, 3, dtype=torch.uint8)}
+    a1 = random_shift(b, 2, torch.Generator().manual_seed(1))
+    a2 = random_shift(b, 2, torch.Generator().manual_seed(1))
+    assert a1["observation.images.image"].shape == (3, 3, 16, 16) and torch.equal(a1["observation.images.image"], a2["observation.images.image"])
+    assert float(a1["observation.images.image"].max()) <= 1.0
 
 
 def test_unknown_module_in_freeze_modules(tmp_path, source):
-    with pytest.raises(T.ConfigError, match="unknown module.*backbone_interface.*backbone.language_encoder"):
-        T.train(cfg(tmp_path, steps=1, freeze_modules="backbone_interface"), source=source)
-    with pytest.raises(T.ConfigError, match="freezes every parameter"):
-        T.train(cfg(tmp_path, "b", steps=1, freeze_modules="backbone,action_model"), source=source)
+    with pytest.raises(ConfigError, match="unknown module.*backbone_interface.*backbone.language_encoder"):
+        train(cfg(tmp_path, steps=1, freeze_modules="backbone_interface"), source=source)
+    with pytest.raises(ConfigError, match="freezes every parameter"):
+        train(cfg(tmp_path, "b", steps=1, freeze_modules="backbone,action_model"), source=source)
 
 
 def test_lr_schedule():
-    c = T.TrainConfig.from_overrides({"steps": 100, "scheduler_warmup_steps": 10, "scheduler_decay_steps": 80,
+    c = TrainConfig.from_overrides({"steps": 100, "scheduler_warmup_steps": 10, "scheduler_decay_steps": 80,
                                       "optimizer_lr": 1e-4, "scheduler_decay_lr": 1e-5})
-    f = [T.lr_factor(s, c) for s in range(100)]
+    f = [lr_factor(s, c) for s in range(100)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
     assert f[10] == pytest.approx(1.0) and f[90] == pytest.approx(0.1) and f[99] == pytest.approx(0.1)
     assert all(a >= b for a, b in zip(f[10:], f[11:]))
@@ -93,12 +101,12 @@ def test_lr_schedule():
 
 def test_data_order_is_a_function_of_seed_and_step_and_ranks_split_the_global_batch():
     idx = np.arange(10, 33)
-    one = T.StepBatchSampler(idx, 4, 12, seed=3)
+    one = StepBatchSampler(idx, 4, 12, seed=3)
     batches = list(one)
-    assert list(T.StepBatchSampler(idx, 4, 12, seed=3, start=5)) == batches[5:]
+    assert list(StepBatchSampler(idx, 4, 12, seed=3, start=5)) == batches[5:]
     seen = [i for b in batches[:6] for i in b]
     assert sorted(seen[:23]) == list(idx)  # first epoch covers every frame once
-    r0, r1 = (T.StepBatchSampler(idx, 2, 12, seed=3, rank=r, world=2) for r in (0, 1))
+    r0, r1 = (StepBatchSampler(idx, 2, 12, seed=3, rank=r, world=2) for r in (0, 1))
     assert [a + b for a, b in zip(r0, r1)] == batches
 
 
@@ -108,17 +116,17 @@ def test_data_order_is_a_function_of_seed_and_step_and_ranks_split_the_global_ba
 def test_validation_episodes_are_spread_over_the_dataset_not_its_end():
     # 10 tasks x 5 episodes, written task by task: the held-out episodes must not remove a task
     frame_episode = np.repeat(np.arange(50), 3)
-    train_idx, val_idx, val_eps = T.split_episodes(frame_episode, 0.1)
+    train_idx, val_idx, val_eps = split_episodes(frame_episode, 0.1)
     assert len(val_eps) == 5 and len({e // 5 for e in val_eps}) == 5
     assert len(set(frame_episode[train_idx] // 5)) == 10  # every task keeps training data
     assert set(frame_episode[val_idx]) == set(val_eps) and not set(train_idx) & set(val_idx)
-    assert T.split_episodes(np.array([0, 0, 1, 1]), 0.1)[2] == [1]  # at least one, never all
-    assert T.split_episodes(np.array([0, 0, 1]), 0.0)[2] == []
+    assert split_episodes(np.array([0, 0, 1, 1]), 0.1)[2] == [1]  # at least one, never all
+    assert split_episodes(np.array([0, 0, 1]), 0.0)[2] == []
 
 
 def test_train_writes_a_self_describing_run(tmp_path, source, monkeypatch):
     monkeypatch.delenv("KEEP_FINAL_MODEL", raising=False)
-    res = T.train(cfg(tmp_path, steps=6, batch_size=2, log_freq=1, eval_freq=3, save_freq=3, freeze_modules="backbone"),
+    res = train(cfg(tmp_path, steps=6, batch_size=2, log_freq=1, eval_freq=3, save_freq=3, freeze_modules="backbone"),
                   source=source)
     out = res.output_dir
     for f in ("train_config.json", "dataset_statistics.json", "train.log", "metrics.jsonl", "summary.json"):
@@ -137,55 +145,55 @@ def test_train_writes_a_self_describing_run(tmp_path, source, monkeypatch):
     ck = out / "checkpoints"
     assert (ck / "last").is_symlink() and (ck / "last").resolve().name == "step_000006"
     assert (ck / "step_000003").is_dir() and (ck / "best").is_dir()
-    pol = P.load_policy(ck / "best")
+    pol = load_policy(ck / "best")
     assert pol.predict_action(np.zeros((32, 32, 3), np.uint8), np.zeros((32, 32, 3), np.uint8), np.zeros(8), "x").shape == (8, 7)
     # the frozen backbone did not move
     torch.manual_seed(1000)  # the default seed: train() builds the policy right after seeding
-    init = P.MiniPolicy(T.TrainConfig.from_overrides({**TINY}).policy_config(), source.statistics)
-    last = P.load_policy(ck / "last")
+    init = MiniPolicy(TrainConfig.from_overrides({**TINY}).policy_config, source.statistics)
+    last = load_policy(ck / "last")
     for (n, a), (_, b) in zip(init.backbone.state_dict().items(), last.backbone.state_dict().items()):
         assert torch.equal(a, b), n
     # a second run into the same directory is refused; nothing is overwritten
-    with pytest.raises(T.ConfigError, match="resume=true"):
-        T.train(cfg(tmp_path, steps=6), source=source)
+    with pytest.raises(ConfigError, match="resume=true"):
+        train(cfg(tmp_path, steps=6), source=source)
 
 
 def test_keep_final_model(tmp_path, source, monkeypatch):
     monkeypatch.setenv("KEEP_FINAL_MODEL", "1")
-    res = T.train(cfg(tmp_path, steps=2, batch_size=1, save_checkpoint=False), source=source)
+    res = train(cfg(tmp_path, steps=2, batch_size=1, save_checkpoint=False), source=source)
     assert (res.output_dir / "final_model" / "model.safetensors").is_file()
     assert not (res.output_dir / "checkpoints").exists()
-    P.load_policy(res.output_dir / "final_model")
+    load_policy(res.output_dir / "final_model")
 
 
 def test_resume_is_exact(tmp_path, source):
     kw = dict(steps=8, batch_size=3, log_freq=1, eval_freq=0, save_freq=100, seed=5)
-    full = T.train(cfg(tmp_path, "full", **kw), source=source)
+    full = train(cfg(tmp_path, "full", **kw), source=source)
 
     def stop_at_4(step, loss):
         if step == 4:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler finishes the step, saves and stops
 
-    part = T.train(cfg(tmp_path, "part", **kw), source=source, on_step=stop_at_4)
+    part = train(cfg(tmp_path, "part", **kw), source=source, on_step=stop_at_4)
     assert part.stopped_by == "SIGTERM" and part.steps_done == 4
     assert (tmp_path / "part/checkpoints/last").resolve().name == "step_000004"
-    rest = T.train(cfg(tmp_path, "part", resume=True, **kw), source=source)
+    rest = train(cfg(tmp_path, "part", resume=True, **kw), source=source)
     assert [s for s, _ in rest.losses] == [5, 6, 7, 8]
     assert part.losses + rest.losses == full.losses  # bit-identical
     rows = [json.loads(x) for x in (tmp_path / "part/metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     assert [r["loss"] for r in rows] == [v for _, v in full.losses]
-    a = P.load_policy(tmp_path / "full/checkpoints/last")
-    b = P.load_policy(tmp_path / "part/checkpoints/last")
+    a = load_policy(tmp_path / "full/checkpoints/last")
+    b = load_policy(tmp_path / "part/checkpoints/last")
     for (n, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), n
 
 
 def test_pretrained_checkpoint_from_a_different_config(tmp_path, source):
-    res = T.train(cfg(tmp_path, steps=1, batch_size=1), source=source)
+    res = train(cfg(tmp_path, steps=1, batch_size=1), source=source)
     ck = res.output_dir / "checkpoints" / "last"
-    T.train(cfg(tmp_path, "ft", steps=1, batch_size=1, pretrained_checkpoint=str(ck)), source=source)
-    with pytest.raises(P.CheckpointError, match="different model config"):
-        T.train(cfg(tmp_path, "bad", steps=1, model_dim=64, pretrained_checkpoint=str(ck)), source=source)
+    train(cfg(tmp_path, "ft", steps=1, batch_size=1, pretrained_checkpoint=str(ck)), source=source)
+    with pytest.raises(CheckpointError, match="different model config"):
+        train(cfg(tmp_path, "bad", steps=1, model_dim=64, pretrained_checkpoint=str(ck)), source=source)
 
 
 # --- datasets -----------------------------------------------------------------------------------
@@ -193,16 +201,16 @@ def test_pretrained_checkpoint_from_a_different_config(tmp_path, source):
 
 def test_dataset_without_modality_or_statistics(tmp_path):
     root = tmp_path / "ds"
-    with pytest.raises(T.DatasetNotReady, match="not a LeRobot v2.1 dataset.*dataset generate"):
-        T.open_dataset(root)
+    with pytest.raises(DatasetNotReady, match="not a LeRobot v2.1 dataset.*dataset generate"):
+        open_dataset(root)
     (root / "meta").mkdir(parents=True)
     (root / "meta" / "info.json").write_text("{}")
-    with pytest.raises(T.DatasetNotReady, match="modality.json is missing.*build_modality"):
-        T.open_dataset(root)
+    with pytest.raises(DatasetNotReady, match="modality.json is missing.*build_modality"):
+        open_dataset(root)
     (root / "meta" / "modality.json").write_text("{}")
-    with pytest.raises(T.DatasetNotReady, match="stats_gr00t.json is missing.*tutorial_utils dataset stats"):
-        T.open_dataset(root)
-    assert T.main(["--dataset", str(root), "--output-dir", str(tmp_path / "out"), "steps=1"]) == 2
+    with pytest.raises(DatasetNotReady, match="stats_gr00t.json is missing.*tutorial_utils dataset stats"):
+        open_dataset(root)
+    assert main(["--dataset", str(root), "--output-dir", str(tmp_path / "out"), "steps=1"]) == 2
 
 
 def test_two_step_smoke_test_on_a_lerobot_dataset(tmp_path, capsys):
@@ -214,7 +222,7 @@ def test_two_step_smoke_test_on_a_lerobot_dataset(tmp_path, capsys):
     modality.build_modality(root)
     stats.compute_all(root)
     out = tmp_path / "run"
-    rc = T.main(["--dataset", str(root), "--output-dir", str(out), "steps=2", "batch_size=1", "logging_frequency=1",
+    rc = main(["--dataset", str(root), "--output-dir", str(out), "steps=2", "batch_size=1", "logging_frequency=1",
                  "image_size=32", "model_dim=32", "num_heads=2", "action_depth=1", "num_workers=0", "progress=false"])
     assert rc == 0
     log = parse_train_log(out / "train.log")
@@ -227,10 +235,15 @@ def test_two_step_smoke_test_on_a_lerobot_dataset(tmp_path, capsys):
 SCRIPT = textwrap.dedent("""
     import sys, json, torch
     torch.set_num_threads(1)
-    from tutorial_utils import train as T
-    src = T.synthetic_source(n_episodes=5, length=16, image_size=32)
+    from tutorial_utils.errors import ConfigError
+    from tutorial_utils.train.config import DatasetNotReady, TrainConfig, parameters_table, parse_overrides
+    from tutorial_utils.train.data import StepBatchSampler, open_dataset, random_shift, split_episodes, synthetic_source
+    from tutorial_utils.train.loop import lr_factor, train
+    from tutorial_utils.train.cli import main
+    from tutorial_utils.train.job import metrics_table, resolve_dataset, run_job
+    src = synthetic_source(n_episodes=5, length=16, image_size=32)
     kv = json.loads(sys.argv[1])
-    res = T.train(T.TrainConfig.from_overrides(kv), source=src)
+    res = train(TrainConfig.from_overrides(kv), source=src)
     sys.exit(128 + 15 if res.stopped_by == "SIGTERM" else 0)
 """)
 
@@ -266,7 +279,7 @@ def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path):
     assert "Training stopped by SIGTERM" in stdout and "resume=true" in stdout
     state = json.loads((out / "checkpoints/last/training_state.json").read_text())
     assert 0 < state["step"] < 100000 and state["reason"] == "SIGTERM"
-    P.load_policy(out / "checkpoints/last")
+    load_policy(out / "checkpoints/last")
 
 
 def test_kill_9_during_a_checkpoint_write_keeps_the_previous_last(tmp_path, source):
@@ -283,8 +296,8 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_last(tmp_path, sour
     finally:
         proc.kill()
     assert (ck / "last").resolve().name == "step_000002" and not (ck / "step_000004").exists()
-    P.load_policy(ck / "last")
-    res = T.train(T.TrainConfig.from_overrides({**kv, "steps": 4, "resume": True}), source=source)
+    load_policy(ck / "last")
+    res = train(TrainConfig.from_overrides({**kv, "steps": 4, "resume": True}), source=source)
     assert res.summary["start_step"] == 2 and res.steps_done == 4
 
 
@@ -313,7 +326,7 @@ def test_accelerate_launch_two_processes(tmp_path):
     log = parse_train_log(out / "train.log")
     assert [s["step"] for s in log["steps"]] == [1, 2, 3, 4] and log["final_model"]
     assert r.stdout.count("Training complete") == 1  # only the main process logs
-    P.load_policy(out / "checkpoints/last")
+    load_policy(out / "checkpoints/last")
 
 
 def test_sigterm_under_accelerate_stops_both_processes_at_the_same_step_with_a_checkpoint(tmp_path):
@@ -335,36 +348,36 @@ def test_sigterm_under_accelerate_stops_both_processes_at_the_same_step_with_a_c
     assert stdout.count("Training stopped by SIGTERM") == 1  # the main process reports it once
     state = json.loads((out / "checkpoints/last/training_state.json").read_text())
     assert 3 <= state["step"] < 100000 and state["reason"] == "SIGTERM" and state["world_size"] == 2
-    P.load_policy(out / "checkpoints/last")
+    load_policy(out / "checkpoints/last")
 
 
 def test_job_helpers(tmp_path, source):
-    with pytest.raises(T.DatasetNotReady, match="record_demos"):
-        T.resolve_dataset("no_such_dataset", tmp_path)
-    T.train(cfg(tmp_path, steps=4, batch_size=1, log_freq=1, eval_freq=2, save_checkpoint=False), source=source)
-    rows = T.metrics_table(tmp_path / "run")
+    with pytest.raises(DatasetNotReady, match="record_demos"):
+        resolve_dataset("no_such_dataset", tmp_path)
+    train(cfg(tmp_path, steps=4, batch_size=1, log_freq=1, eval_freq=2, save_checkpoint=False), source=source)
+    rows = metrics_table(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and "val_action_mae" in rows[1] and "loss" in rows[1]
-    assert [r["step"] for r in T.metrics_table(tmp_path / "run", every=3)] == [1, 4]
-    assert T.main(["--list-params"]) == 0
+    assert [r["step"] for r in metrics_table(tmp_path / "run", every=3)] == [1, 4]
+    assert main(["--list-params"]) == 0
 
 
 def test_run_job_writes_missing_metadata_and_status(tmp_path):
     from tutorial_utils import jobs
-    from tutorial_utils.synth import generate_dataset
+    from tutorial_utils.data.synth import generate_dataset
 
     root = generate_dataset(tmp_path / "ds", n_episodes=2, mean_length=10, image_size=32)
     assert not (root / "meta" / "modality.json").exists()
     small = {k: v for k, v in TINY.items()}
-    res = T.run_job(tmp_path / "run", str(root), steps=2, batch_size=1, log_freq=1, **small)
+    res = run_job(tmp_path / "run", dataset=str(root), steps=2, batch_size=1, log_freq=1, **small)
     assert res.steps_done == 2 and (root / "meta" / "modality.json").is_file()
     status = jobs.read_status(tmp_path / "run")
     assert status["success_signs"] == {"parameters counted": True, "first loss line": True, "training complete": True}
 
 
 def test_time_limit_finishes_the_run(tmp_path, source):
-    res = T.train(cfg(tmp_path, steps=10_000, batch_size=1, log_freq=0, eval_freq=0, time_limit_min=0.02), source=source)
+    res = train(cfg(tmp_path, steps=10_000, batch_size=1, log_freq=0, eval_freq=0, time_limit_min=0.02), source=source)
     assert res.summary["time_limited"] and 0 < res.steps_done < 10_000
     text = (res.output_dir / "train.log").read_text()
     assert "Time limit of 0.02 min reached" in text and "Training complete" in text
     assert res.summary["best"]["step"] == res.steps_done  # a last validation at the stop
-    P.load_policy(res.output_dir / "checkpoints" / "last")
+    load_policy(res.output_dir / "checkpoints" / "last")

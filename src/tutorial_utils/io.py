@@ -118,3 +118,26 @@ def read_jsonl(path: str | os.PathLike, tolerate_partial_last_line: bool = True)
                 break
             raise ValueError(f"{path}: line {i + 1} is not valid JSON: {line[:80]!r}") from None
     return rows
+
+
+def dir_size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            fp = Path(root) / f
+            if not fp.is_symlink():
+                total += fp.stat().st_size
+    return total
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+
+
+# --- the loop -------------------------------------------------------------------------------------

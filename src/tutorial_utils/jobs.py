@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import paths, profiles
-from tutorial_utils.io import atomic_write_json, atomic_write_text
+from tutorial_utils.io import atomic_write_text
 from tutorial_utils.secrets import redact
 
 RUN_DIR_PARAM = "run_dir"

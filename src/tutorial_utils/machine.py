@@ -7,7 +7,6 @@ Nothing here prints a secret: tokens are reported as ``set`` or ``missing``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re

@@ -95,7 +95,7 @@ def promote(ctx: dict[str, Any]) -> list[Path]:
     """Copy the chain's small real outputs into logs/ and assets/ (the stage modules do it):
     the recorded dataset's card and its first episode's two videos, the training run's logs,
     the evaluation's results, logs and a rollout video."""
-    from tutorial_utils import evaluate, record, train_report
+    from tutorial_utils.report import promote as P
 
     prefixes = PROMOTE_PREFIXES.get(ctx["profile"])
     if prefixes is None:
@@ -105,14 +105,14 @@ def promote(ctx: dict[str, Any]) -> list[Path]:
     if ctx.get("dataset"):
         wall = next((t["run_s"] for t in ctx.get("timings", []) if t["stage"] == "record"), None)
         card = paths.LOGS / f"{prefixes['record']}dataset.json"
-        record.promote_dataset_card(ctx["dataset"], out=card, wall_s=wall)
-        clip = record.promote_episode(ctx["dataset"], 0, prefix=f"{prefixes['record']}episode")
+        P.dataset_card(ctx["dataset"], out=card, wall_s=wall)
+        clip = P.recording_episode(ctx["dataset"], 0, prefix=f"{prefixes['record']}episode")
         out += [card, paths.ASSETS / f"{prefixes['record']}episode.json"]
         out += [paths.ASSETS / clip[k] for k in ("primary", "wrist")]
     if ctx.get("train_run"):
-        out += list(train_report.promote(ctx["train_run"], prefix=prefixes["train"]).values())
+        out += list(P.training(ctx["train_run"], prefix=prefixes["train"]).values())
     if ctx.get("eval_run"):
-        out += list(evaluate.promote(ctx["eval_run"], prefix=prefixes["evaluate"]).values())
+        out += list(P.evaluation(ctx["eval_run"], prefix=prefixes["evaluate"]).values())
     return [Path(p) for p in out]
 
 

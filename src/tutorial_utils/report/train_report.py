@@ -7,8 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tutorial_utils import paths
-from tutorial_utils.io import promote_text
 
 
 def smoke_test_signs(parsed: dict[str, Any], steps: int) -> list[dict[str, Any]]:
@@ -55,7 +53,7 @@ def plot_parameter_split(counts: dict[str, int], reference: tuple[int, int] = (1
 
 def disk_usage(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     """Size of each top-level entry of a run directory (symlinks not followed)."""
-    from tutorial_utils.train import dir_size, human_bytes
+    from tutorial_utils.io import dir_size, human_bytes
 
     rows = []
     for p in sorted(q for q in Path(run_dir).iterdir() if not q.name.startswith(".")):
@@ -86,18 +84,3 @@ def plot_losses(rows: list[dict[str, Any]], title: str = "training"):
     return fig
 
 
-def promote(run_dir: str | os.PathLike, prefix: str = "train_", logs_dir: Path | None = None) -> dict[str, Path]:
-    """Copy a finished training run's small real files into ``logs/``: ``train.log``,
-    ``metrics.jsonl``, ``summary.json``, ``dataset_statistics.json`` and ``train_config.json``
-    (atomically, with this machine's paths made portable)."""
-    run_dir = Path(run_dir)
-    logs_dir = logs_dir or paths.LOGS
-    out: dict[str, Path] = {}
-    for name in ("train.log", "metrics.jsonl", "summary.json", "dataset_statistics.json", "train_config.json"):
-        src = run_dir / name
-        if not src.is_file():
-            if name in ("train.log", "summary.json"):
-                raise FileNotFoundError(f"{src} is missing: is {run_dir} a finished training run?")
-            continue
-        out[name] = promote_text(src, logs_dir / f"{prefix}{name}")
-    return out

@@ -380,7 +380,7 @@ def run_episode(env, expert: ScriptedExpert | None = None, attempt: int = 0, max
     The ``NUM_STEPS_WAIT`` settle steps of the evaluation protocol come first (not returned);
     the episode ends at the first step where the task succeeds, or after ``max_steps``.
     """
-    from tutorial_utils import libero_env as le
+    from tutorial_utils.sim import libero_env as le
 
     expert = expert or ScriptedExpert()
     expert.reset(env.info, attempt=attempt)
@@ -423,7 +423,7 @@ def success_table(suite: str = "libero_spatial", task_ids=range(10), init_states
     """Solve every (task, init state) headless; per-task successes, first-try successes, steps."""
     import time
 
-    from tutorial_utils import libero_env as le
+    from tutorial_utils.sim import libero_env as le
 
     rows, t0 = [], time.time()
     for tid in task_ids:
@@ -508,7 +508,7 @@ PHASE_COLORS = {"settle": "#bbbbbb", "approach": "#4c72b0", "descend": "#55a868"
 def trace_episode(suite: str = "libero_spatial", task_id: int = 0, init_state: int = 0, out: str | None = None) -> dict:
     """Run the expert once headless and return (and optionally save as JSON) its trace:
     phase, eef and bowl position, finger gap and action per step."""
-    from tutorial_utils import libero_env as le
+    from tutorial_utils.sim import libero_env as le
 
     env = le.make_env(suite, task_id, init_state, cameras=False)
     try:

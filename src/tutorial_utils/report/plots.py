@@ -60,7 +60,7 @@ def episode_figure(episode, frame_index: int = 0, cameras: Sequence[str] | None 
                    fps: float | None = None, figsize: tuple[float, float] | None = None):
     """Camera frames at ``frame_index`` plus state and action traces of a LeRobot episode.
 
-    ``episode`` is a :class:`tutorial_utils.lerobot.Episode` (anything with ``state``,
+    ``episode`` is a :class:`tutorial_utils.data.format.Episode` (anything with ``state``,
     ``action``, ``task``, ``index``, ``video_paths`` and ``frames(key)``).
     """
     cameras = list(cameras if cameras is not None else episode.video_paths)

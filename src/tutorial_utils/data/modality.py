@@ -19,8 +19,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .io import atomic_write_json
-from .lerobot import INFO_PATH, DatasetError
+from tutorial_utils.io import atomic_write_json
+from tutorial_utils.data.format import INFO_PATH
+from tutorial_utils.errors import DatasetError
 
 MODALITY_PATH = "meta/modality.json"
 GROUPS = ("state", "action", "video", "annotation")

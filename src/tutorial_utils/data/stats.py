@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .io import atomic_path, atomic_write_json
-from .lerobot import INFO_PATH, EPISODES_PATH, DatasetError, _column_to_numpy
+from tutorial_utils.io import atomic_path, atomic_write_json
+from tutorial_utils.data.format import EPISODES_PATH, INFO_PATH, _column_to_numpy
+from tutorial_utils.errors import DatasetError
 
 STATS_GR00T_PATH = "meta/stats_gr00t.json"
 STEP_INDEX_PATH = "meta/steps_index.npz"

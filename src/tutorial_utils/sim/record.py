@@ -8,7 +8,7 @@ an unchanged gripper command, as in the ``no_noops`` datasets; the settle steps 
 Only successful episodes are written; actions are stored in the dataset convention
 (gripper ``1`` open, ``-1`` close), images flipped 180 degrees as in the IPEC data.
 
-The main process writes episodes in plan order through :class:`tutorial_utils.lerobot.LeRobotWriter`.
+The main process writes episodes in plan order through :class:`tutorial_utils.data.format.LeRobotWriter`.
 Resumability: before an episode is handed to the writer, its item is recorded as the intent
 for that episode index in ``meta/record_manifest.json``; the writer's ``meta/episodes.jsonl``
 is the commit point. On restart, intents beyond the committed episodes are dropped, the
@@ -24,7 +24,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -114,7 +114,7 @@ def replay(env, actions: np.ndarray) -> tuple[dict[str, np.ndarray], bool, int]:
 
     Returns (frames for the writer, success, number of no-op actions dropped).
     """
-    from tutorial_utils import libero_env as le
+    from tutorial_utils.sim import libero_env as le
 
     obs = env.reset()
     prev = None
@@ -149,8 +149,8 @@ def replay(env, actions: np.ndarray) -> tuple[dict[str, np.ndarray], bool, int]:
 
 def record_item(cfg: RecordConfig, item: tuple[int, int]) -> dict:
     """Solve one (task, init state) headless, replay it with cameras. Runs in a worker."""
-    from tutorial_utils import expert as ex
-    from tutorial_utils import libero_env as le
+    from tutorial_utils.sim import expert as ex
+    from tutorial_utils.sim import libero_env as le
 
     task_id, init = item
     t0 = time.time()
@@ -179,7 +179,7 @@ def record_item(cfg: RecordConfig, item: tuple[int, int]) -> dict:
 # --- the manifest -------------------------------------------------------------------------------
 
 
-def _read_manifest(root: Path) -> dict | None:
+def read_manifest(root: Path) -> dict | None:
     path = root / MANIFEST
     if not path.is_file():
         return None
@@ -193,7 +193,7 @@ def _read_manifest(root: Path) -> dict | None:
 def check_output_dir(root: Path, cfg: RecordConfig) -> dict | None:
     """Refuse a folder that holds something else than this recording; return its manifest."""
     root = Path(root)
-    man = _read_manifest(root)
+    man = read_manifest(root)
     info = root / "meta" / "info.json"
     if man is None:
         if info.is_file() and not _empty_dataset(root):
@@ -241,12 +241,13 @@ def record(output_dir: str | os.PathLike, cfg: RecordConfig, workers: int = 1, p
     ``episode_fn(cfg, item) -> dict`` (default :func:`record_item`, a picklable top-level
     function) gives ``{"success", "task", "frames", ...}`` per item.
     """
-    from tutorial_utils.lerobot import LeRobotWriter, libero_features
+    from tutorial_utils.data.format import LeRobotWriter
+    from tutorial_utils.data.libero_schema import libero_features
 
     if int(cfg.episodes_per_task) < 1:
         raise RecordError(f"episodes_per_task must be >= 1, got {cfg.episodes_per_task}")
     if cfg.suite and episode_fn is None:
-        from tutorial_utils import libero_env as le
+        from tutorial_utils.sim import libero_env as le
 
         for t in cfg.task_ids:  # unknown suite/task or init state out of range: fail before any work
             info = le.task_info(cfg.suite, t)
@@ -325,53 +326,14 @@ def write_metadata(root: str | os.PathLike, run_dir: str | os.PathLike | None = 
     """``meta/modality.json`` (DiT4DiT's LIBERO modality map, validated against info.json) and the
     statistics (``meta/stats_gr00t.json``, the step index, and ``<run_dir>/dataset_statistics.json``)
     through :mod:`tutorial_utils.modality` and :mod:`tutorial_utils.stats`."""
-    from tutorial_utils import modality, stats
+    from tutorial_utils.data import modality
+    from tutorial_utils.data import stats
 
     root = Path(root)
     modality.build_modality(root, preset="libero")
     st = stats.compute_all(root, run_dir=run_dir)
     return {"modality": str(root / modality.MODALITY_PATH), **st["files"],
             "num_trajectories": st["num_trajectories"], "num_transitions": st["num_transitions"]}
-
-
-# --- promotion into the book -------------------------------------------------------------------
-
-
-def promote_episode(dataset_root: str | os.PathLike, episode_index: int = 0, assets_dir: str | os.PathLike | None = None,
-                    prefix: str = "record_episode", max_kb: int = 600) -> dict:
-    """Copy one recorded episode's primary and wrist mp4 into ``assets/`` (small, h264) plus a JSON card."""
-    import shutil
-
-    from tutorial_utils import paths
-    from tutorial_utils.io import atomic_path
-
-    root = Path(dataset_root)
-    assets = Path(assets_dir) if assets_dir else paths.ASSETS
-    info = json.loads((root / "meta" / "info.json").read_text())
-    episodes = [json.loads(x) for x in (root / "meta" / "episodes.jsonl").read_text().splitlines() if x.strip()]
-    if not 0 <= episode_index < len(episodes):
-        raise RecordError(f"{root}: episode {episode_index} does not exist (it has {len(episodes)})")
-    out = {"episode_index": episode_index, "task": episodes[episode_index]["tasks"][0],
-           "length": episodes[episode_index]["length"], "fps": info["fps"]}
-    chunk = episode_index // int(info.get("chunks_size", 1000))
-    for key, name in (("observation.images.image", "primary"), ("observation.images.wrist_image", "wrist")):
-        src = root / info["video_path"].format(episode_chunk=chunk, video_key=key, episode_index=episode_index)
-        size_kb = src.stat().st_size / 1024
-        if size_kb > max_kb:
-            raise RecordError(f"{src} is {size_kb:.0f} KB (> {max_kb} KB): promote a shorter or smaller episode")
-        dst = assets / f"{prefix}_{name}.mp4"
-        with atomic_path(dst) as tmp:
-            shutil.copyfile(src, tmp)
-        out[name] = dst.name
-        out[f"{name}_kb"] = round(size_kb, 1)
-    man = _read_manifest(root)
-    if man:
-        e = next((e for e in man["episodes"] if e["episode_index"] == episode_index), None)
-        if e:
-            out.update(task_id=e["task_id"], init_state=e["init_state"], noops_dropped=e.get("noops_dropped"))
-        out["identity"] = man.get("identity")
-    atomic_write_json(assets / f"{prefix}.json", out)
-    return out
 
 
 def main(argv: list[str]) -> int:
@@ -399,62 +361,3 @@ if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
 
 
-# --- the schema check and the dataset card the chapter reads -------------------------------------
-
-
-def schema_report(dataset_root: str | os.PathLike, reference_size: int = 256) -> dict:
-    """Compare a dataset's features with the IPEC LIBERO schema (names, dtypes, shapes).
-
-    IPEC's images are ``reference_size`` square; a dataset recorded smaller differs only in
-    the image resolution, which ``shapes_equal_except_resolution`` allows.
-    """
-    from tutorial_utils.lerobot import libero_features
-
-    info = json.loads((Path(dataset_root) / "meta" / "info.json").read_text())
-    ours = info["features"]
-    ref = libero_features(reference_size)
-    names_equal = set(ours) == set(ref)
-    rows, dtypes_equal, shapes_equal, shapes_res = [], True, True, True
-    for key in ref:
-        o = ours.get(key, {})
-        same_dtype = o.get("dtype") == ref[key]["dtype"]
-        same_shape = list(o.get("shape", [])) == list(ref[key]["shape"])
-        res_only = same_shape or (ref[key]["dtype"] == "video" and len(o.get("shape", [])) == 3 and o["shape"][2] == 3)
-        dtypes_equal &= same_dtype
-        shapes_equal &= same_shape
-        shapes_res &= res_only
-        rows.append({"feature": key, "dtype": o.get("dtype"), "shape": o.get("shape"),
-                     "ipec_dtype": ref[key]["dtype"], "ipec_shape": ref[key]["shape"]})
-    return {"names_equal": names_equal, "dtypes_equal": dtypes_equal, "shapes_equal": shapes_equal,
-            "shapes_equal_except_resolution": shapes_res, "missing": sorted(set(ref) - set(ours)),
-            "extra": sorted(set(ours) - set(ref)), "rows": rows}
-
-
-def promote_dataset_card(dataset_root: str | os.PathLike, out: str | os.PathLike | None = None,
-                         wall_s: float | None = None) -> dict:
-    """Write ``logs/record_dataset.json``: totals, the recording summary, per-task counts, schema check."""
-    from tutorial_utils import paths
-
-    root = Path(dataset_root)
-    info = json.loads((root / "meta" / "info.json").read_text())
-    man = _read_manifest(root) or {}
-    per_task: dict[str, dict] = {}
-    for e in man.get("episodes", []):
-        row = per_task.setdefault(str(e["task_id"]), {"task": e["task"], "episodes": 0, "frames": 0, "failed": 0})
-        row["episodes"] += 1
-        row["frames"] += int(e.get("length", 0))
-    for f in man.get("failed", []):
-        per_task.setdefault(str(f["task_id"]), {"task": f.get("task", ""), "episodes": 0, "frames": 0, "failed": 0})["failed"] += 1
-    card = {"dataset": root.name, "codebase_version": info.get("codebase_version"), "fps": info.get("fps"),
-            "robot_type": info.get("robot_type"), "total_episodes": info.get("total_episodes"),
-            "total_frames": info.get("total_frames"), "total_tasks": info.get("total_tasks"),
-            "features": {k: {"dtype": v["dtype"], "shape": v["shape"]} for k, v in info["features"].items()},
-            "identity": man.get("identity"), "config": man.get("config"), "summary": man.get("summary"),
-            "per_task": per_task, "schema": schema_report(root)}
-    if wall_s is not None:
-        card["job_wall_s"] = round(float(wall_s), 1)
-    from tutorial_utils.io import atomic_write_json
-
-    card = paths.for_book(card)  # the dataset's location relative to the repository, not this machine's path
-    atomic_write_json(Path(out) if out else paths.LOGS / "record_dataset.json", card)
-    return card

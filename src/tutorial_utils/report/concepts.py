@@ -1,6 +1,6 @@
 """Helpers for the concept chapter "What DiT4DiT is" (notebooks/02_dit4dit_concepts.md).
 
-The chapter uses the mini policy (``tutorial_utils.policy``) as a runnable specimen of
+The chapter uses the mini policy (``tutorial_utils.policies.mini``) as a runnable specimen of
 DiT4DiT's layout: it builds a batch from a synthetic LIBERO-style episode, records the tensor
 shape at each stage of a real forward pass with forward hooks, counts the parameters that
 freezing a module would leave trainable, follows one action chunk along the Euler steps of
@@ -50,12 +50,13 @@ def describe(x: Any) -> str:
 
 def episode_batch(episode: Mapping[str, np.ndarray], starts: Sequence[int], horizon: int,
                   instruction: str) -> dict:
-    """A policy batch from one episode (``synth.synth_episode`` / LeRobot column names).
+    """A policy batch in LeRobot's key names from one episode (``synth.synth_episode`` /
+    LeRobot column names).
 
     Each start frame gives the cameras and state at that frame and the next ``horizon``
     actions; steps past the episode's end repeat the last action and are masked out, as the
     training loader does."""
-    from tutorial_utils.lerobot import LIBERO_CAMERAS
+    from tutorial_utils.policies import base as B
 
     action = np.asarray(episode["action"], np.float32)
     n = len(action)
@@ -67,12 +68,12 @@ def episode_batch(episode: Mapping[str, np.ndarray], starts: Sequence[int], hori
         rows.append((np.minimum(idx, n - 1), idx < n))
     first = list(starts)
     return {
-        "primary": np.asarray(episode[LIBERO_CAMERAS[0]])[first],
-        "wrist": np.asarray(episode[LIBERO_CAMERAS[1]])[first],
-        "state": np.asarray(episode["observation.state"], np.float32)[first],
-        "instruction": [instruction] * len(first),
-        "action": np.stack([action[i] for i, _ in rows]),
-        "action_mask": np.stack([m for _, m in rows]),
+        B.BATCH_IMAGE: np.asarray(episode[B.BATCH_IMAGE])[first],
+        B.BATCH_WRIST: np.asarray(episode[B.BATCH_WRIST])[first],
+        B.BATCH_STATE: np.asarray(episode[B.BATCH_STATE], np.float32)[first],
+        B.BATCH_TASK: [instruction] * len(first),
+        B.BATCH_ACTION: np.stack([action[i] for i, _ in rows]),
+        B.BATCH_ACTION_IS_PAD: np.stack([~m for _, m in rows]),
     }
 
 
@@ -137,7 +138,7 @@ def parameter_table(policy, depth: int = 2) -> list[dict]:
 def freeze_report(policy, names: Sequence[str]) -> dict:
     """What ``freeze_modules=names`` would leave trainable, counted on a copy (the policy is
     not touched): total, trainable, frozen and the trainable ratio in percent."""
-    from tutorial_utils.train import apply_freeze
+    from tutorial_utils.train.loop import apply_freeze
 
     twin = copy.deepcopy(policy)
     apply_freeze(twin, list(names))
@@ -155,7 +156,7 @@ def fit_action_head(policy, batch: Mapping[str, Any], steps: int, lr: float = 3e
     ``policy.loss`` (the real objective) reuses it; only the head runs in the loop."""
     import torch
 
-    from tutorial_utils.train import apply_freeze
+    from tutorial_utils.train.loop import apply_freeze
 
     apply_freeze(policy, ["backbone"])
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)
@@ -164,8 +165,8 @@ def fit_action_head(policy, batch: Mapping[str, Any], steps: int, lr: float = 3e
         ctx, pad = policy.encode(batch)
     context = (ctx.repeat(repeats, 1, 1), pad.repeat(repeats, 1))
     labels = {"action": np.tile(np.asarray(batch["action"], np.float32), (repeats, 1, 1))}
-    if batch.get("action_mask") is not None:
-        labels["action_mask"] = np.tile(np.asarray(batch["action_mask"]), (repeats, 1))
+    if batch.get("action_is_pad") is not None:
+        labels["action_is_pad"] = np.tile(np.asarray(batch["action_is_pad"]), (repeats, 1))
     policy.encode = lambda _batch: context  # instance attribute: shadows the method
     policy.train()
     losses = []

@@ -38,9 +38,9 @@ def slider_browser(render: Callable[..., object], sliders: dict[str, tuple[int, 
 
 
 def episode_browser(dataset, episode: int = 0, frame: int = 0, figsize=(10, 7)):
-    """Episode and frame sliders over a :class:`~tutorial_utils.lerobot.LeRobotDataset`: both
+    """Episode and frame sliders over a :class:`~tutorial_utils.data.format.LeRobotDataset`: both
     camera frames at the chosen step, state and action traces with the step marked."""
-    from .plots import episode_figure
+    from tutorial_utils.report.plots import episode_figure
 
     cache: dict[int, object] = {}
 

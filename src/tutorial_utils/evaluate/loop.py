@@ -1,0 +1,274 @@
+"""The LIBERO evaluation client loop (FACTS.md section 5)."""
+
+from __future__ import annotations
+
+
+import sys
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tutorial_utils import logs as L
+from tutorial_utils.io import atomic_path, atomic_write_json
+
+
+
+RESULTS_FILE = "results.json"
+SERVER_LOG = "server.log"
+VIDEOS_DIR = "videos"
+VIDEO_FPS = 20
+
+
+def eval_log_name(suite: str) -> str:
+    return f"eval_{suite}.log"
+
+
+class StageFailed(RuntimeError):
+    """The evaluation chain failed; ``stage`` names where (server, client connect, LIBERO setup, evaluation)."""
+
+    def __init__(self, stage: str, message: str, run_dir: Path | None = None):
+        super().__init__(f"evaluation failed at stage '{stage}': {message}")
+        self.stage, self.run_dir = stage, run_dir
+
+
+@dataclass
+class EvalConfig:
+    """Everything the client loop needs (the job notebook's parameters map onto it)."""
+
+    suite: str = "libero_spatial"
+    task_ids: list[int] | None = None  # None: every task of the suite
+    trials_per_task: int = 1
+    seed: int = 7
+    host: str = "127.0.0.1"
+    port: int = 8000
+    render_profile: str = "fast"
+    env_image_size: int = 128  # camera render size (LIBERO's reference is 256)
+    max_steps: int | None = None  # None: the suite's limit
+    num_steps_wait: int = 10
+    replan_steps: int | None = None  # None: the server's metadata
+    protocol: str = "openpi"
+    output_dir: str = "."
+    videos: bool = True
+    connect_timeout: float = 120.0
+    recv_timeout: float = 120.0
+
+
+# --- small pieces (tested without LIBERO) ----------------------------------------------------------
+
+
+def resize_image(img, size: int | None):
+    """Square-resize an HxWx3 uint8 image to ``size`` (bilinear); unchanged when it already fits."""
+    import numpy as np
+
+    if size is None or img.shape[:2] == (size, size):
+        return img
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(np.ascontiguousarray(img)).resize((int(size), int(size)), Image.BILINEAR))
+
+
+def to_env_action(action, gripper: str = "robosuite"):
+    """A policy action -> the robosuite action: clipped to [-1, 1]; a ``"dataset"``-convention
+    gripper (1 open, -1 close) is flipped to robosuite's (-1 open, +1 close) and binarised."""
+    import numpy as np
+
+    a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[:7], -1.0, 1.0)
+    if a.shape != (7,):
+        raise ValueError(f"a LIBERO action has 7 numbers (dx dy dz droll dpitch dyaw gripper), the policy sent {a.shape}")
+    if gripper == "dataset":
+        a[6] = -1.0 if a[6] > 0 else 1.0
+    elif gripper != "robosuite":
+        raise ValueError(f"unknown gripper convention {gripper!r} in the server metadata: use 'robosuite' or 'dataset'")
+    return a
+
+
+def suite_max_steps(suite: str, override: int | None = None) -> int:
+    from tutorial_utils.sim.libero_env import MAX_STEPS
+
+    if override:
+        return int(override)
+    if suite not in MAX_STEPS:
+        raise ValueError(f"unknown suite {suite!r}: expected one of {', '.join(MAX_STEPS)}")
+    return MAX_STEPS[suite]
+
+
+def write_video(path: Path, frames: list, fps: int = VIDEO_FPS) -> Path:
+    """Write an h264 mp4 (atomically). Frames are HxWx3 uint8, sides multiples of 16."""
+    import imageio.v2 as imageio
+
+    with atomic_path(path, suffix=".mp4") as tmp:
+        with imageio.get_writer(tmp, format="FFMPEG", fps=fps, codec="libx264", quality=6, macro_block_size=16,
+                                pixelformat="yuv420p", ffmpeg_log_level="error") as w:
+            for f in frames:
+                w.append_data(f)
+    return path
+
+
+class _Printer:
+    """Writes the documented log lines to stdout (the job captures them into eval_<suite>.log)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stdout
+
+    def __call__(self, fmt: str, **kw: Any) -> None:
+        print(fmt.format(**kw), file=self.stream, flush=True)
+
+
+# --- the client loop -------------------------------------------------------------------------------
+
+
+def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_steps: int, task_info: dict) -> dict:
+    """One episode; returns ``{success, steps, wall_s, frames}`` (steps after the settle steps)."""
+    import numpy as np
+
+    from tutorial_utils.policies import base as P
+    from tutorial_utils.serve.protocol import ServingError, reply_actions
+    from tutorial_utils.sim.libero_env import SETTLE_ACTION
+
+    t0 = time.monotonic()
+    image_size = meta.get("image_size")
+    replan = int(cfg.replan_steps or meta.get("replan_steps") or meta.get("action_horizon") or 1)
+    gripper = meta.get("gripper", "robosuite")
+    needs_priv = bool(meta.get("needs_privileged"))
+    episode_id = uuid.uuid4().hex
+    obs = env.reset(init_state)
+    client.reset()
+    for _ in range(cfg.num_steps_wait):
+        obs, _r, _done, _info = env.step(SETTLE_ACTION)
+    plan: deque = deque()
+    frames, success, steps = [], False, 0
+    while steps < max_steps:
+        primary, wrist = env.images(obs)
+        if cfg.videos:
+            frames.append(primary)
+        if not plan:
+            request = {
+                P.IMAGE_KEY: resize_image(primary, image_size),
+                P.WRIST_KEY: resize_image(wrist, image_size),
+                P.STATE_KEY: np.asarray(env.state_vector(obs), dtype=np.float32),
+                P.PROMPT_KEY: env.task_language,
+            }
+            if needs_priv:
+                request[P.PRIVILEGED_KEY] = {"episode_id": episode_id, "task_info": task_info,
+                                                   "obs": env.privileged_observation()}
+            chunk = reply_actions(client.infer(request))
+            if len(chunk) == 0:
+                raise ServingError("the policy server replied with an empty action chunk")
+            plan.extend(chunk[:replan])
+        obs, _r, done, _info = env.step(to_env_action(plan.popleft(), gripper))
+        steps += 1
+        if done or env.check_success():
+            success = True
+            if cfg.videos:
+                frames.append(env.images(obs)[0])
+            break
+    return {"success": success, "steps": steps, "wall_s": round(time.monotonic() - t0, 2), "frames": frames}
+
+
+def _results_skeleton(cfg: EvalConfig, meta: dict) -> dict:
+    return {"suite": cfg.suite, "policy": meta, "config": asdict(cfg), "tasks": [], "total_episodes": 0,
+            "total_successes": 0, "success_rate": None, "wall_s": 0.0, "finished": False}
+
+
+def run_evaluation(cfg: EvalConfig, out=None) -> dict:
+    """Evaluate the served policy on ``cfg.suite``; returns the results written to results.json."""
+    import numpy as np
+
+    from tutorial_utils.serve.client import PolicyClient
+    from tutorial_utils.sim import libero_env
+
+    say = _Printer(out)
+    t_start = time.monotonic()
+    np.random.seed(cfg.seed)
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    max_steps = suite_max_steps(cfg.suite, cfg.max_steps)
+    client = PolicyClient(cfg.host, cfg.port, connect_timeout=cfg.connect_timeout,
+                                  recv_timeout=cfg.recv_timeout, protocol=cfg.protocol)
+    meta = dict(client.metadata)
+    results = _results_skeleton(cfg, meta)
+    task_ids = list(cfg.task_ids) if cfg.task_ids else list(range(_num_tasks(cfg.suite)))
+    total_eps = total_ok = 0
+    try:
+        for task_id in task_ids:
+            env = libero_env.make_env(cfg.suite, int(task_id), init_state=0, image_size=cfg.env_image_size,
+                                      render_profile=cfg.render_profile, cameras=True)
+            try:
+                info = env.info.to_dict() if hasattr(env, "info") else {"suite": cfg.suite, "task_id": int(task_id)}
+                task = {"task_id": int(task_id), "task": env.task_language, "episodes": [], "successes": 0, "success_rate": None}
+                results["tasks"].append(task)
+                say(L.EVAL_TASK, task=env.task_language)
+                task_eps = task_ok = 0
+                for trial in range(cfg.trials_per_task):
+                    init_state = trial % env.num_init_states
+                    say(L.EVAL_STARTING_EPISODE, n=total_eps + 1)
+                    ep = run_episode(env, client, meta, cfg, init_state, max_steps, info)
+                    task_eps += 1
+                    total_eps += 1
+                    task_ok += int(ep["success"])
+                    total_ok += int(ep["success"])
+                    video = None
+                    if cfg.videos and ep["frames"]:
+                        name = f"{cfg.suite}_task{int(task_id):02d}_ep{trial:02d}_{'success' if ep['success'] else 'failure'}.mp4"
+                        write_video(out_dir / VIDEOS_DIR / name, ep["frames"])
+                        video = f"{VIDEOS_DIR}/{name}"
+                    task["episodes"].append({"episode": trial, "init_state": init_state, "success": ep["success"],
+                                             "steps": ep["steps"], "wall_s": ep["wall_s"], "video": video})
+                    task["successes"] = task_ok
+                    task["success_rate"] = task_ok / task_eps
+                    say(L.EVAL_SUCCESS, success=ep["success"])
+                    say(L.EVAL_EPISODES_SO_FAR, n=total_eps)
+                    say(L.EVAL_SUCCESSES, n=total_ok, pct=total_ok / total_eps * 100)
+                    results.update(total_episodes=total_eps, total_successes=total_ok, success_rate=total_ok / total_eps,
+                                   wall_s=round(time.monotonic() - t_start, 1))
+                    atomic_write_json(out_dir / RESULTS_FILE, results)
+                say(L.EVAL_TASK_RATE, rate=float(task_ok) / float(task_eps) if task_eps else 0.0)
+                say(L.EVAL_TOTAL_RATE_SO_FAR, rate=float(total_ok) / float(total_eps) if total_eps else 0.0)
+            finally:
+                env.close()
+    finally:
+        client.close()
+    results.update(finished=True, wall_s=round(time.monotonic() - t_start, 1))
+    atomic_write_json(out_dir / RESULTS_FILE, results)
+    say(L.EVAL_TOTAL_RATE, rate=float(total_ok) / float(total_eps) if total_eps else 0.0)
+    say(L.EVAL_TOTAL_EPISODES, n=total_eps)
+    return results
+
+
+def _num_tasks(suite: str) -> int:
+    import contextlib
+    import io
+
+    from tutorial_utils.sim import libero_env
+
+    libero_env.ensure_libero_config()
+    with contextlib.redirect_stdout(io.StringIO()):
+        return int(libero_env._suite(suite).n_tasks)
+
+
+# --- the two-process chain (the evaluation job) -----------------------------------------------------
+
+
+
+
+def results_table(results: dict) -> list[dict]:
+    """One row per task: id, language, successes/episodes, mean steps, wall time."""
+    rows = []
+    for t in results.get("tasks", []):
+        eps = t.get("episodes", [])
+        rows.append({
+            "task_id": t.get("task_id"), "task": t.get("task"),
+            "success": f"{sum(bool(e['success']) for e in eps)}/{len(eps)}",
+            "steps": round(sum(e["steps"] for e in eps) / len(eps), 1) if eps else None,
+            "wall_s": round(sum(e["wall_s"] for e in eps), 1),
+        })
+    return rows
+
+
+# --- CLI --------------------------------------------------------------------------------------------
+
+
+

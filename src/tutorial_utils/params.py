@@ -1,0 +1,213 @@
+"""Typed job parameters: one dataclass per job is the single source of its parameters.
+
+A job's config (``RecordConfig``, ``TrainConfig``, ``EvalConfig``, a policy family's config) is a
+dataclass whose fields are declared with :func:`param` (default, help text, group). From it come:
+
+- the job notebook's parameter check and coercion (:func:`from_mapping`: strings from papermill
+  or a command line become the field's type; ``2.5`` for an int is an error, not a 2);
+- the CLI options (:func:`add_arguments` / :func:`from_args`) and ``--list-params``;
+- the parameter tables in the book (:func:`markdown_table`).
+
+``None`` is the one meaning of "no override" (use the default the job derives, for example the
+policy's own ``replan_steps``); a field that accepts it is typed ``X | None``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import typing
+from typing import Any, Iterable, Mapping
+
+from tutorial_utils.errors import ConfigError
+
+
+def param(default: Any, help: str, group: str = "job") -> Any:
+    """A dataclass field with its help text and group (mutable defaults are copied per instance)."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help, "group": group})
+    return dataclasses.field(default=default, metadata={"help": help, "group": group})
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def type_name(cls, name: str) -> str:
+    """``int``, ``float``, ``str``, ``bool``, ``tuple``, ``list[int]``... and ``| None`` for optional fields."""
+    t = _hints(cls)[name]
+    args = typing.get_args(t)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), t) if optional else t
+    origin = typing.get_origin(base)
+    if origin in (list, tuple):
+        inner = typing.get_args(base)
+        text = f"{origin.__name__}[{inner[0].__name__}]" if inner and isinstance(inner[0], type) else origin.__name__
+    else:
+        text = getattr(base, "__name__", str(base))
+    return text + (" | None" if optional else "")
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f.default_factory()  # type: ignore[misc]
+    return None
+
+
+def fields_info(cls, aliases: Mapping[str, str] | None = None) -> list[dict]:
+    """One row per field: name, type, default, group, aliases, help."""
+    inv: dict[str, list[str]] = {}
+    for a, c in (aliases or {}).items():
+        inv.setdefault(c, []).append(a)
+    return [{"name": f.name, "type": type_name(cls, f.name), "default": default_of(f), "group": f.metadata.get("group"),
+             "aliases": inv.get(f.name, []), "help": f.metadata.get("help", "")}
+            for f in dataclasses.fields(cls) if f.metadata.get("help") is not None]
+
+
+def coerce(cls, name: str, value: Any, key: str | None = None) -> Any:
+    """``value`` (a string from a command line, or a Python value) as the field's type.
+
+    Raises :class:`ConfigError` naming the parameter, what was expected and what was given.
+    """
+    key = key or name
+    t = type_name(cls, name)
+    optional = t.endswith(" | None")
+    base = t.removesuffix(" | None")
+    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
+        if optional:
+            return None
+        if base == "str":
+            return ""
+        raise ConfigError(f"parameter {key}=None: expected {base} (this parameter has no 'no override' value)")
+    try:
+        if base == "bool":
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in ("1", "true", "yes", "on"):
+                return True
+            if s in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if base == "int":
+            if isinstance(value, bool):
+                raise ValueError(value)
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise ValueError(value)
+                return int(value)
+            if isinstance(value, str):
+                f = float(value)
+                if not f.is_integer():
+                    raise ValueError(value)
+                return int(f)
+            return int(value)
+        if base == "float":
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return float(value)
+        if base == "str":
+            if isinstance(value, (list, tuple)):
+                return ",".join(map(str, value))
+            return str(value)
+        if base.startswith(("tuple", "list")):
+            inner = float if "float" in base else int if "int" in base else str
+            items = value if isinstance(value, (list, tuple)) else [v for v in str(value).strip("[]()").split(",") if v.strip()]
+            out = [coerce_scalar(inner, v) for v in items]
+            return tuple(out) if base.startswith("tuple") else out
+    except (TypeError, ValueError):
+        raise ConfigError(f"parameter {key}={value!r}: expected {t}") from None
+    return value
+
+
+def coerce_scalar(kind: type, v: Any) -> Any:
+    if kind is int:
+        f = float(v)
+        if not f.is_integer():
+            raise ValueError(v)
+        return int(f)
+    return kind(v.strip() if isinstance(v, str) else v)
+
+
+def unknown_parameter(key: str, known: Iterable[str], where: str) -> ConfigError:
+    """A ConfigError for an unknown parameter name, with the closest known names."""
+    close = difflib.get_close_matches(key, sorted(known), n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return ConfigError(f"unknown parameter {key!r}.{hint} Known parameters: {where}.")
+
+
+def from_mapping(cls, values: Mapping[str, Any], where: str = "the job's --list-params", base: Any = None):
+    """An instance of ``cls`` from ``{name: value}``; values are coerced, unknown names refused."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = dataclasses.asdict(base) if base is not None else {}
+    for k, v in values.items():
+        if k not in names:
+            raise unknown_parameter(k, names, where)
+        kwargs[k] = coerce(cls, k, v)
+    obj = cls(**kwargs)
+    check = getattr(obj, "check", None)
+    if callable(check):
+        check()
+    return obj
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, str]:
+    """``["key=value", ...]`` -> ``{key: value}``."""
+    out: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (for example steps=100)")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def markdown_table(cls, aliases: Mapping[str, str] | None = None, prefix: str = "") -> str:
+    """The book's and ``--list-params``' table: parameter, type, default, aliases, meaning."""
+    lines = ["| parameter | type | default | aliases | meaning |", "|---|---|---|---|---|"]
+    for r in fields_info(cls, aliases):
+        al = ", ".join(f"`{a}`" for a in r["aliases"])
+        lines.append(f"| `{prefix}{r['name']}` | {r['type']} | `{r['default']!r}` | {al} | {r['help']} |")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) -> None:
+    """One ``--name`` option per field (strings; :func:`from_args` coerces them)."""
+    skip = set(skip)
+    for r in fields_info(cls):
+        if r["name"] in skip:
+            continue
+        parser.add_argument("--" + r["name"].replace("_", "-"), dest=r["name"], default=argparse.SUPPRESS,
+                            metavar=r["type"].upper().replace(" | NONE", ""),
+                            help=f"{r['help']} (default: {r['default']!r})")
+
+
+def from_args(cls, args: argparse.Namespace, where: str):
+    """The config from :func:`add_arguments`' options (only those given override defaults)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return from_mapping(cls, {k: v for k, v in vars(args).items() if k in names}, where)
+
+
+def write_json(cfg: Any, path) -> Any:
+    """Write a config as JSON (atomically); :func:`read_json` reads it back."""
+    from tutorial_utils.io import atomic_write_json
+
+    return atomic_write_json(path, dataclasses.asdict(cfg))
+
+
+def read_json(cls, path) -> Any:
+    """A config from a JSON file written by :func:`write_json` (names and types checked)."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{p}: cannot read the job config ({exc}); it is written by the job that starts this process.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a JSON object of parameters, found {type(data).__name__}.")
+    return from_mapping(cls, data, str(p))

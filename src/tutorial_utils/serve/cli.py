@@ -1,0 +1,58 @@
+"""``python -m tutorial_utils serve``: run a websocket policy server."""
+
+from __future__ import annotations
+
+import logging
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from tutorial_utils import logs as _logs
+
+
+from tutorial_utils.serve.protocol import DEFAULT_HOST, DEFAULT_PORT, PortInUse
+
+logger = logging.getLogger("tutorial_utils.serve")
+from tutorial_utils.serve.server import PolicyServer, configure_logging
+
+
+
+def main(argv: list[str]) -> int:
+    from tutorial_utils import policies
+
+    ap = argparse.ArgumentParser(prog="python -m tutorial_utils serve", description="Serve a policy over the websocket policy protocol.")
+    ap.add_argument("--policy", default="expert", help=f"policy name ({', '.join(policies.available())})")
+    ap.add_argument("--checkpoint", default="", help="checkpoint path for learned policies")
+    ap.add_argument("--host", default=DEFAULT_HOST, help="bind address (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (0 picks a free one)")
+    ap.add_argument("--infer-in-thread", action="store_true", help="run inference in a worker thread (slow policies: keeps /healthz and pings answered)")
+    args = ap.parse_args(argv)
+    configure_logging()
+    try:
+        policy = policies.make_policy(args.policy, checkpoint=args.checkpoint or None)
+    except policies.PolicyUnavailable as exc:
+        logger.error(_logs.SERVER_POLICY_UNAVAILABLE.format(policy=args.policy, reason=exc))
+        return 3
+    server = PolicyServer(policy, args.host, args.port, infer_in_thread=args.infer_in_thread)
+
+    async def _run() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, server.stop)
+        await server.serve()
+
+    try:
+        asyncio.run(_run())
+    except PortInUse as exc:
+        logger.error(str(exc))
+        return 2
+    logger.info(_logs.SERVER_STOPPED.format(requests=server.requests, errors=server.errors))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main(sys.argv[1:]))
+
+

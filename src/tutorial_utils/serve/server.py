@@ -1,0 +1,275 @@
+"""The websocket policy server (openpi framing), a thread wrapper for tests and the chapter, and health checks."""
+
+from __future__ import annotations
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno
+import http
+import http.client
+import logging
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from tutorial_utils import logs as _logs
+
+
+from tutorial_utils.serve.protocol import (
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    HEALTH_PATH,
+    ObservationError,
+    PortInUse,
+    ServerUnavailable,
+    detect_protocol,
+    to_policy_observation,
+    to_reply,
+)
+
+logger = logging.getLogger("tutorial_utils.serve")
+from tutorial_utils.serve.wire import packb, unpackb
+
+
+
+
+def _health_check(connection, request):
+    if request.path == HEALTH_PATH:
+        return connection.respond(http.HTTPStatus.OK, "OK\n")
+    return None
+
+
+def _port_in_use_error(host: str, port: int) -> PortInUse:
+    return PortInUse(
+        errno.EADDRINUSE,
+        f"port {port} on {host} is already in use (another policy server or program holds it). "
+        f"Pick a free port (--port / the job's `port` parameter, 0 picks one) or find the holder with `ss -ltnp | grep :{port}`.",
+    )
+
+
+class PolicyServer:
+    """Serve one :class:`tutorial_utils.policies.Policy` over the websocket protocol.
+
+    Inference runs in the event loop, as in openpi (one client at a time is the use case, and
+    a thread hop costs ~0.3 ms a request on a busy 2-core machine); ``infer_in_thread=True``
+    moves it to a worker thread so ``/healthz`` and keepalive pings stay answered during a
+    slow (seconds-long) inference.
+
+    ``await server.serve()`` runs until :meth:`stop`. ``port=0`` picks a free port
+    (read :attr:`port` once :attr:`ready` is set).
+    """
+
+    def __init__(self, policy, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, metadata: dict | None = None,
+                 infer_in_thread: bool = False):
+        self.policy = policy
+        self.infer_in_thread = infer_in_thread
+        self.host = host
+        self.port = port
+        self.metadata = dict(metadata if metadata is not None else getattr(policy, "metadata", {}) or {})
+        self.ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy-infer")
+        self.requests = 0
+        self.errors = 0
+
+    @property
+    def image_size(self) -> int | None:
+        return self.metadata.get("image_size")
+
+    def _infer(self, request: Any) -> dict[str, Any]:
+        protocol = detect_protocol(request)
+        obs = to_policy_observation(request, self.image_size)
+        result = self.policy.infer(obs)
+        if protocol == "dit4dit" and hasattr(self.policy, "normalize_actions"):
+            # a DiT4DiT client un-normalises with dataset_statistics.json itself
+            result = {**result, "actions": self.policy.normalize_actions(result["actions"])}
+        return to_reply(result, protocol)
+
+    async def _handler(self, ws) -> None:
+        import websockets
+
+        addr = ws.remote_address
+        logger.info(_logs.SERVER_CONNECTION_FROM.format(addr=addr))
+        loop = asyncio.get_running_loop()
+        await ws.send(packb(self.metadata))
+        prev_total = None
+        while True:
+            try:
+                frame = await ws.recv()
+            except websockets.ConnectionClosed:
+                logger.info(_logs.SERVER_CONNECTION_CLOSED.format(addr=addr))
+                return
+            t0 = time.monotonic()
+            try:
+                if isinstance(frame, str):
+                    raise ObservationError("expected a binary msgpack frame, received a text frame")
+                try:
+                    request = unpackb(frame)
+                except Exception as exc:  # msgpack raises several types
+                    raise ObservationError(f"request is not valid msgpack ({type(exc).__name__}: {exc})") from None
+                t_inf = time.monotonic()
+                if self.infer_in_thread:
+                    reply = await loop.run_in_executor(self._executor, self._infer, request)
+                else:
+                    reply = self._infer(request)
+                infer_ms = (time.monotonic() - t_inf) * 1000.0
+                timing = {"infer_ms": infer_ms}
+                if prev_total is not None:
+                    timing["prev_total_ms"] = prev_total
+                reply["server_timing"] = timing
+                data = packb(reply)
+            except Exception as exc:
+                self.errors += 1
+                logger.warning(_logs.SERVER_REQUEST_ERROR.format(addr=addr, error=f"{type(exc).__name__}: {exc}"))
+                try:
+                    await ws.send(traceback.format_exc())
+                except websockets.ConnectionClosed:
+                    logger.info(_logs.SERVER_CONNECTION_CLOSED.format(addr=addr))
+                    return
+                continue
+            try:
+                await ws.send(data)
+            except websockets.ConnectionClosed:
+                logger.info(_logs.SERVER_CONNECTION_CLOSED.format(addr=addr))
+                return
+            self.requests += 1
+            prev_total = (time.monotonic() - t0) * 1000.0
+
+    async def serve(self) -> None:
+        from websockets.asyncio.server import serve
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            server = await serve(
+                self._handler, self.host, self.port, compression=None, max_size=None,
+                process_request=_health_check, reuse_address=True,
+            )
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise _port_in_use_error(self.host, self.port) from None
+            raise
+        self.port = server.sockets[0].getsockname()[1]
+        logger.info(_logs.SERVER_RUNNING.format(host=self.host, port=self.port))
+        self.ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            await server.wait_closed()
+            self._executor.shutdown(wait=False)
+
+    def stop(self) -> None:
+        """Stop serving (thread-safe)."""
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+
+class HandlerThread:
+    """Any async websocket ``handler(ws)`` served from a background thread on 127.0.0.1
+    (a bare echo for the benchmark, an openpi-style peer for the interop tests).
+
+    ``with HandlerThread(handler) as srv: ... srv.port``.
+    """
+
+    def __init__(self, handler, host: str = DEFAULT_HOST, port: int = 0):
+        self.handler, self.host, self.port = handler, host, port
+        self.ready = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="ws-handler", daemon=True)
+
+    async def _main(self) -> None:
+        from websockets.asyncio.server import serve
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with serve(self.handler, self.host, self.port, compression=None, max_size=None) as srv:
+            self.port = srv.sockets[0].getsockname()[1]
+            self.ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> "HandlerThread":
+        self._thread.start()
+        if not self.ready.wait(10):
+            raise ServerUnavailable("websocket handler thread did not start within 10 s")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5)
+
+
+class ServerThread:
+    """Run a :class:`PolicyServer` in a background thread (tests, benchmarks, the chapter).
+
+    ``with ServerThread(policy) as srv: client = PolicyClient(port=srv.port)``.
+    """
+
+    def __init__(self, policy, host: str = DEFAULT_HOST, port: int = 0, metadata: dict | None = None):
+        self.server = PolicyServer(policy, host, port, metadata)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="policy-server", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self.server.serve())
+        except BaseException as exc:  # reported by start()
+            self._error = exc
+            self.server.ready.set()
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def start(self, timeout: float = 10.0) -> "ServerThread":
+        self._thread.start()
+        if not self.server.ready.wait(timeout):
+            raise ServerUnavailable(f"policy server thread did not start within {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.server.stop()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# --- client --------------------------------------------------------------------------------------
+
+
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """A TCP port that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """One plain format for our lines and the websockets library's (``server listening``...)."""
+    root = logging.getLogger()
+    if not any(getattr(h, "_tutorial_serving", False) for h in root.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        h._tutorial_serving = True  # type: ignore[attr-defined]
+        root.addHandler(h)
+    root.setLevel(level)
+    logging.getLogger("websockets").setLevel(logging.INFO)
+
+
+

@@ -1,0 +1,98 @@
+"""What ``notebooks/jobs/train.md`` runs: resolve the dataset, prepare its metadata, train, record the success signs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+
+from tutorial_utils.io import read_jsonl
+from tutorial_utils.train.config import DatasetNotReady, TrainConfig
+from tutorial_utils.train.data import _in_data
+from tutorial_utils.train.loop import LOG_FILE, METRICS_FILE, TrainResult, train
+
+
+# --- the job notebook's logic ---------------------------------------------------------------------
+
+#: Success signs of a training run, as ``tutorial_utils.logs.TRAIN_SIGNS`` names them.
+SIGNS = ("parameters counted", "first loss line", "training complete")
+
+
+def prepare_metadata(root: str | os.PathLike) -> dict[str, str]:
+    """Write ``meta/modality.json`` and the statistics of a dataset that lacks them; returns
+    ``{what: path}`` for each file written (empty when nothing was missing)."""
+    from tutorial_utils.data import modality, stats
+
+    root = Path(root)
+    done: dict[str, str] = {}
+    if not (root / modality.MODALITY_PATH).is_file():
+        modality.build_modality(root)
+        done["modality"] = str(root / modality.MODALITY_PATH)
+    if not (root / stats.STATS_GR00T_PATH).is_file():
+        stats.compute_all(root)
+        done["stats"] = str(root / stats.STATS_GR00T_PATH)
+    return done
+
+
+def resolve_dataset(dataset: str, run_dir: str | os.PathLike) -> Path:
+    """The job's ``dataset``: ``"synthetic"`` -> a small synthetic LIBERO-schema dataset in
+    ``<run_dir>/dataset`` (written once, with its metadata); a name -> ``data/<name>``; else a path."""
+    from tutorial_utils import paths
+
+    if dataset == "synthetic":
+        from tutorial_utils.data.synth import generate_dataset
+
+        root = Path(run_dir) / "dataset"
+        if not (root / "meta" / "info.json").is_file():
+            generate_dataset(root, n_episodes=4, mean_length=16, image_size=64, n_tasks=2, seed=0)
+        prepare_metadata(root)
+        return root
+    p = _in_data(dataset)
+    if not (p / "meta" / "info.json").is_file():
+        raise DatasetNotReady(
+            f"dataset {dataset!r} not found (looked at {p} and {paths.DATA / dataset}). Record it with the record_demos "
+            "job (`python -m tutorial_utils job run notebooks/jobs/record_demos.md`), or pass dataset=synthetic."
+        )
+    return p
+
+
+def run_job(run_dir: str | os.PathLike, **params: Any) -> TrainResult:
+    """What ``notebooks/jobs/train.md`` runs: resolve ``params["dataset"]``, train into
+    ``run_dir`` with the other parameters (:class:`TrainConfig` names), record the success signs
+    in ``status.json``."""
+    dataset = str(params.pop("dataset", "") or "")
+    if not dataset:
+        raise DatasetNotReady("the train job needs a dataset: pass dataset=<name under data/, a path, or synthetic>.")
+    from tutorial_utils import jobs
+    from tutorial_utils.logs import parse_train_log
+
+    root = resolve_dataset(dataset, run_dir)
+    wrote = prepare_metadata(root)  # DiT4DiT computes missing statistics too; here it is said out loud
+    for what, path in wrote.items():
+        print(f"{root.name}: wrote the missing {what} ({path})")
+    cfg = TrainConfig.from_overrides({**params, "dataset": str(root), "output_dir": str(run_dir)})
+    res = train(cfg)
+    log = parse_train_log(Path(run_dir) / LOG_FILE)
+    signs = {"parameters counted": log["total_params"] is not None, "first loss line": bool(log["steps"]),
+             "training complete": log["final_model"] is not None}
+    jobs.update_status(run_dir, success_signs=signs, train={k: res.summary.get(k) for k in (
+        "steps_done", "stopped_by", "first_loss", "last_loss", "best", "samples_per_s", "data_wait_share",
+        "last_checkpoint", "best_checkpoint", "final_model_bytes", "run_dir_bytes_after", "wall_s")}, dataset=str(root))
+    return res
+
+
+def metrics_table(run_dir: str | os.PathLike, every: int = 1) -> list[dict]:
+    """Rows of ``metrics.jsonl`` merged per step (training and validation rows), every n-th kept."""
+    rows: dict[int, dict] = {}
+    for r in read_jsonl(Path(run_dir) / METRICS_FILE):
+        rows.setdefault(int(r["step"]), {}).update(r)
+    steps = sorted(rows)
+    keep = steps[::max(1, every)]
+    if steps and steps[-1] not in keep:
+        keep.append(steps[-1])
+    return [rows[s] for s in keep]
+
+
+
+

@@ -1,0 +1,572 @@
+"""The training loop, for any policy family of the registry.
+
+:func:`train` builds the family named by ``cfg.policy`` (:func:`tutorial_utils.policies.make`),
+feeds it batches in LeRobot's key names and calls only the seam (``loss``, ``predict``,
+checkpoints): it knows no family. Its parts are named: :class:`RunLog` (train.log, metrics.jsonl,
+the progress bar), :class:`Checkpointer` (``step_*``, ``last``, ``best``, resume),
+:class:`Validator` (the held-out action error) and :class:`StopSignals` (SIGINT/SIGTERM).
+
+A run directory (``output_dir``) is self-describing::
+
+    train_config.json          every parameter as resolved, plus the policy config
+    dataset_statistics.json    the normalisation the policy uses (DiT4DiT's name and place)
+    train.log                  the DiT4DiT-format log lines (tutorial_utils.logs constants)
+    metrics.jsonl              one row per log step (loss, lr, grad norm, samples/s, data wait)
+                               and per eval step (validation action error on held-out episodes)
+    checkpoints/step_000100/   policy files + training_state.pt/json (optimizer, scheduler, RNG)
+    checkpoints/last ->        relative symlink to the newest step_* (replaced atomically)
+    checkpoints/best/          the policy with the lowest validation action error
+    summary.json               what happened: steps, losses, throughput, sizes, stop reason
+
+Resume (``resume=true``) restores model, optimizer, scheduler, RNG and step; the data order and
+the flow-matching noise are pure functions of (seed, step), so a resumed run's losses equal the
+uninterrupted run's. SIGINT/SIGTERM stop after the current step with a checkpoint. Runs as
+plain Python or under ``accelerate launch --num_processes N`` (DDP; each rank reads its own
+slice of every global batch).
+
+CLI: ``python -m tutorial_utils train --dataset DIR --output-dir DIR key=value ...``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tutorial_utils import logs as L
+from tutorial_utils.errors import ConfigError
+from tutorial_utils.io import atomic_dir, atomic_write_json, atomic_write_text, dir_size, human_bytes, read_jsonl
+from tutorial_utils.policies.base import BATCH_ACTION, BATCH_ACTION_IS_PAD
+from tutorial_utils.policies.normalize import STATS_FILE
+from tutorial_utils.train.checkpoints import (
+    METRICS_FILE,
+    TRAIN_STATE_FILE,
+    TRAIN_STATE_JSON,
+    find_last,
+    point_last,
+    slow_save_hook,
+    step_dir_name,
+)
+from tutorial_utils.train.config import TrainConfig
+from tutorial_utils.train.data import StepBatchSampler, WindowDataset, collate, open_dataset, random_shift, split_episodes
+
+LOG_FILE = "train.log"
+CONFIG_FILE = "train_config.json"
+SUMMARY_FILE = "summary.json"
+
+
+# --- learning-rate schedule --------------------------------------------------------------------
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of optimizer_lr at ``step``: linear warm-up, cosine decay, then hold."""
+    w = cfg.scheduler_warmup_steps
+    if w and step < w:
+        return (step + 1) / w
+    decay = cfg.scheduler_decay_steps or max(1, cfg.steps - w)
+    floor = min(1.0, cfg.scheduler_decay_lr / cfg.optimizer_lr)
+    p = min(1.0, (step - w) / decay)
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p))
+
+
+# --- modules --------------------------------------------------------------------------------------
+
+
+def apply_freeze(policy, names: Sequence[str]) -> list[str]:
+    """Freeze the named modules (dotted names); a clear error for unknown ones."""
+    modules = dict(policy.named_modules())
+    unknown = [n for n in names if n not in modules or not n]
+    if unknown:
+        known = [n for n in modules if n and n.count(".") < 2]
+        raise ConfigError(
+            f"freeze_modules: unknown module(s) {unknown}. The policy's modules are: {', '.join(known)} "
+            "(deeper dotted names work too, e.g. action_model.blocks.0). DiT4DiT's "
+            "`backbone_interface` is called `backbone` here."
+        )
+    for n in names:
+        for p in modules[n].parameters():
+            p.requires_grad_(False)
+    if not any(p.requires_grad for p in policy.parameters()):
+        raise ConfigError(f"freeze_modules={','.join(names)!r} freezes every parameter: nothing would train. "
+                          "Leave at least action_model trainable.")
+    return list(names)
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    steps_done: int
+    losses: list[tuple[int, float]]
+    stopped_by: str | None
+    summary: dict
+
+
+class StopSignals:
+    """SIGINT/SIGTERM set a flag the loop reads after each step (a second Ctrl-C stops at once)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._old[s] = signal.getsignal(s)
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:  # second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+class RunLog:
+    """``train.log`` (the DiT4DiT lines, echoed to stdout), ``metrics.jsonl`` and the progress
+    bar, written by the main process only. :meth:`step` accumulates a window of steps and
+    writes one loss line and one metrics row every ``log_freq`` steps."""
+
+    def __init__(self, out: Path, cfg: TrainConfig, run_id: str, main: bool, start_step: int, world: int, n_train: int):
+        self.cfg, self.run_id, self.main, self.world, self.n_train = cfg, run_id, main, world, n_train
+        self.fh = open(out / LOG_FILE, "a", encoding="utf-8") if main else None
+        self.metrics_fh = open(out / METRICS_FILE, "a", encoding="utf-8") if main else None
+        self.bar = None
+        if main and cfg.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=cfg.steps, initial=start_step, desc=f"train {run_id}", unit="step", dynamic_ncols=True,
+                            mininterval=1.0 if sys.stderr.isatty() else 10.0, file=sys.stderr)
+        self.window: dict = {"wait": 0.0, "total": 0.0, "samples": 0, "loss": []}
+        self.total_wait = self.total_time = 0.0
+        self.losses: list[tuple[int, float]] = []
+
+    def __call__(self, line: str) -> None:
+        if self.main:
+            print(line, flush=True)
+            self.fh.write(line + "\n")
+            self.fh.flush()
+
+    def metrics(self, row: dict) -> None:
+        if self.metrics_fh:
+            self.metrics_fh.write(json.dumps(row) + "\n")
+            self.metrics_fh.flush()
+
+    def header(self, counts: dict, frozen: list[str], len_loader: int, start_step: int, resume_from) -> None:
+        self(L.TRAIN_TOTAL_PARAMS.format(n=counts["total"], m=counts["total"] / 1e6))
+        self(L.TRAIN_TRAINABLE_PARAMS.format(n=counts["trainable"], m=counts["trainable"] / 1e6))
+        self(L.TRAIN_FROZEN_PARAMS.format(n=counts["frozen"], m=counts["frozen"] / 1e6))
+        self(L.TRAIN_RATIO.format(pct=100.0 * counts["trainable"] / max(1, counts["total"])))
+        if frozen:
+            self(L.TRAIN_FROZEN_MODULES.format(modules=", ".join(frozen)))
+        self(L.TRAIN_RUNNING)
+        self(L.TRAIN_TOTAL_STEPS.format(n=self.cfg.steps))
+        self(L.TRAIN_PER_DEVICE_BATCH.format(n=self.cfg.batch_size))
+        self(L.TRAIN_DATALOADER_LEN.format(n=len_loader))
+        if start_step:
+            self(L.TRAIN_RESUMED.format(path=resume_from, step=start_step))
+
+    def step(self, step: int, parts: dict[str, float], lr: float, grad_norm: float, wait: float, total: float) -> None:
+        cfg, w = self.cfg, self.window
+        loss = parts["total_loss"]
+        w["wait"] += wait
+        w["total"] += total
+        w["samples"] += cfg.batch_size * self.world
+        w["loss"].append(loss)
+        self.total_wait += wait
+        self.total_time += total
+        self.losses.append((step, loss))
+        if self.bar:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+        if cfg.log_freq and (step % cfg.log_freq == 0 or step == cfg.steps):
+            shown = {k: round(v, 6) for k, v in parts.items()}
+            self(L.TRAIN_STEP_LOSS.format(run_id=self.run_id, step=step, losses={
+                **shown, "learning_rate": lr, "grad_norm": round(grad_norm, 6)}))
+            self.metrics({"step": step, "loss": loss, "loss_mean": float(np.mean(w["loss"])), "lr": lr,
+                          "grad_norm": grad_norm, "samples_per_s": w["samples"] / max(w["total"], 1e-9),
+                          "data_wait_share": w["wait"] / max(w["total"], 1e-9),
+                          "epoch": step * cfg.batch_size * self.world / self.n_train, "time": time.time()})
+            self.window = {"wait": 0.0, "total": 0.0, "samples": 0, "loss": []}
+
+    def close_bar(self) -> None:
+        if self.bar:
+            self.bar.close()
+            self.bar = None
+
+    def close(self) -> None:
+        self.close_bar()
+        for fh in (self.fh, self.metrics_fh):
+            if fh:
+                fh.close()
+
+
+class Checkpointer:
+    """``checkpoints/step_*`` (policy files + optimizer, scheduler and RNG state), ``last`` (a
+    relative symlink to the newest) and ``best`` (the lowest validation action error)."""
+
+    def __init__(self, out: Path, cfg: TrainConfig, run_id: str, main: bool, world: int, dataset_meta: dict):
+        self.root, self.cfg, self.run_id, self.main, self.world = out / "checkpoints", cfg, run_id, main, world
+        self.dataset_meta = dataset_meta
+        self.best: dict = {"val_action_mae": None, "step": None}
+
+    def resume_point(self) -> Path | None:
+        """The checkpoint to resume from; refuses to start a fresh run over an old one."""
+        if self.cfg.resume:
+            found = find_last(self.root)
+            if found is None:
+                raise ConfigError(f"resume=true but {self.root} holds no complete checkpoint; start without resume "
+                                  "(or point output_dir at the run to continue).")
+            return found
+        if (self.root / "last").exists() or list(self.root.glob("step_*")):
+            raise ConfigError(f"{self.root.parent} already holds checkpoints of a run; pass resume=true to continue it, "
+                              "or a new output_dir (runs never overwrite another run).")
+        return None
+
+    def restore(self, path: Path, model, optimizer, scheduler) -> int:
+        """Load weights, optimizer, scheduler and RNG from ``path``; returns the step."""
+        import torch
+
+        from tutorial_utils.policies.checkpoint import load_weights_into
+
+        load_weights_into(model, path)
+        state = torch.load(path / TRAIN_STATE_FILE, map_location="cpu", weights_only=True)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        meta = json.loads((path / TRAIN_STATE_JSON).read_text())
+        self.best = meta.get("best", self.best)
+        if meta.get("world_size", self.world) != self.world or meta.get("batch_size", self.cfg.batch_size) != self.cfg.batch_size:
+            print(f"warning: resuming with batch_size={self.cfg.batch_size} x {self.world} processes; the checkpoint used "
+                  f"{meta.get('batch_size')} x {meta.get('world_size')}, so the data order differs from the original run.",
+                  file=sys.stderr)
+        return int(meta["step"])
+
+    def save(self, step: int, reason: str, model, optimizer, scheduler, force: bool = False) -> Path | None:
+        """A step_* checkpoint and ``last`` pointing at it. ``force`` (a stop by signal) saves
+        even with save_checkpoint=false, so the run can resume."""
+        if not (self.main and (self.cfg.save_checkpoint or force)):
+            return None
+        import torch
+
+        from tutorial_utils.policies.checkpoint import write_policy_files
+
+        target = self.root / step_dir_name(step)
+        with atomic_dir(target) as tmp:
+            write_policy_files(model, tmp, {"dataset": self.dataset_meta, "step": step})
+            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                        "torch_rng": torch.get_rng_state()}, tmp / TRAIN_STATE_FILE)
+            slow_save_hook()
+            atomic_write_json(tmp / TRAIN_STATE_JSON, {"step": step, "run_id": self.run_id, "reason": reason,
+                                                       "best": self.best, "batch_size": self.cfg.batch_size,
+                                                       "world_size": self.world, "seed": self.cfg.seed, "time": time.time()})
+        point_last(self.root, target)
+        return target
+
+    def offer_best(self, model, step: int, val: dict) -> bool:
+        """Record ``val``; a new lowest validation error is saved to ``best``. Returns whether it was."""
+        improved = self.best["val_action_mae"] is None or val["val_action_mae"] < self.best["val_action_mae"]
+        if improved:
+            self.best = {"val_action_mae": val["val_action_mae"], "step": step}
+            if self.cfg.save_checkpoint and self.main:
+                model.save(self.root / "best", {"dataset": self.dataset_meta, "step": step, "val": val})
+        return improved
+
+
+class Validator:
+    """The validation action error on fixed, evenly spaced frames of the held-out episodes."""
+
+    def __init__(self, source, val_idx: np.ndarray, cfg: TrainConfig, horizon: int, image_size: int):
+        n = min(cfg.val_samples, len(val_idx))
+        self.pick = val_idx[np.linspace(0, len(val_idx) - 1, n).round().astype(int)] if len(val_idx) else val_idx
+        self.ds = WindowDataset(source, self.pick, horizon, image_size)
+        self.seed = cfg.seed + 7
+
+    def __len__(self) -> int:
+        return len(self.pick)
+
+    def __call__(self, model) -> dict:
+        import torch
+
+        gen = torch.Generator().manual_seed(self.seed)
+        errs, masks = [], []
+        for i in range(0, len(self.pick), 32):
+            b = collate([self.ds[int(k)] for k in self.pick[i:i + 32]])
+            pred = model.predict(b, generator=gen)
+            mask = (~b[BATCH_ACTION_IS_PAD]).numpy()[..., None].astype(np.float32)
+            errs.append(np.abs(pred - b[BATCH_ACTION].numpy()) * mask)
+            masks.append(np.broadcast_to(mask, pred.shape))
+        e, w = np.concatenate(errs), np.concatenate(masks)
+        per_dim = (e.sum((0, 1)) / np.maximum(w.sum((0, 1)), 1)).tolist()
+        return {"val_action_mae": float(e.sum() / max(w.sum(), 1)), "val_action_mae_xyz": float(np.mean(per_dim[:3])),
+                "val_gripper_mae": float(per_dim[-1]), "val_frames": int(len(self.pick))}
+
+
+@dataclass
+class _Setup:
+    """What :func:`_prepare` builds for the loop."""
+
+    acc: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    params: list
+    loader: Any
+    source: Any
+    run_log: RunLog
+    ckpt: Checkpointer
+    validator: Validator
+    start_step: int
+    counts: dict
+    frozen: list
+    len_loader: int
+    run_id: str
+
+
+def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] | None = None) -> TrainResult:
+    """Train the policy family ``cfg.policy`` as ``cfg`` says. ``source`` (an ``ArraySource``)
+    replaces ``cfg.dataset`` (tests, benchmarks). Returns what happened; writes the run directory."""
+    s = _prepare(cfg, source)
+    out, acc, main = Path(cfg.output_dir), s.acc, s.acc.is_main_process
+    step, stopped_by, time_limited, last_val = s.start_step, None, False, {}
+
+    def validate(step: int) -> None:
+        nonlocal last_val
+        if not (main and len(s.validator)):
+            return
+        m = acc.unwrap_model(s.model)
+        last_val = {**s.validator(m), "step": step}
+        s.model.train()
+        improved = s.ckpt.offer_best(m, step, last_val)
+        s.run_log.metrics({**last_val, "best": improved, "time": time.time()})
+        s.run_log(L.TRAIN_VALIDATION.format(run_id=s.run_id, step=step, metrics={
+            "val_action_mae": round(last_val["val_action_mae"], 6), "best": improved}))
+
+    stop = StopSignals()
+    stop.install()
+    t_start = time.perf_counter()
+    try:
+        try:
+            for step, stopped_by, time_limited in _steps(cfg, s, t_start, stop, on_step, validate):
+                pass
+        finally:
+            stop.restore()
+            s.run_log.close_bar()
+        wall = time.perf_counter() - t_start
+        paths_out = _finish(cfg, s, out, step, stopped_by, time_limited, last_val, validate)
+    finally:
+        s.run_log.close()
+    rl = s.run_log
+    summary = {
+        "run_id": s.run_id, "policy": cfg.policy, "steps": cfg.steps, "start_step": s.start_step, "steps_done": step,
+        "stopped_by": stopped_by, "time_limited": time_limited, "world_size": acc.num_processes,
+        "batch_size": cfg.batch_size, "parameters": s.counts, "frozen_modules": s.frozen,
+        "first_loss": rl.losses[0][1] if rl.losses else None, "last_loss": rl.losses[-1][1] if rl.losses else None,
+        "wall_s": round(wall, 3),
+        "samples_per_s": (step - s.start_step) * cfg.batch_size * acc.num_processes / max(rl.total_time, 1e-9),
+        "data_wait_share": rl.total_wait / max(rl.total_time, 1e-9), "best": s.ckpt.best, "last_val": last_val,
+        "last_checkpoint": str(find_last(s.ckpt.root)) if s.ckpt.root.exists() and find_last(s.ckpt.root) else None,
+        "best_checkpoint": str(s.ckpt.root / "best") if (s.ckpt.root / "best").is_dir() else None,
+        "len_dataloader": s.len_loader, **paths_out,
+    }
+    if main:
+        atomic_write_json(out / SUMMARY_FILE, summary)
+    return TrainResult(out, step, rl.losses, stopped_by, summary)
+
+
+def _steps(cfg: TrainConfig, s: _Setup, t_start: float, stop: StopSignals, on_step, validate):
+    """The optimisation steps; yields ``(step, stopped_by, time_limited)`` after each one."""
+    import torch
+
+    acc, world, rank = s.acc, s.acc.num_processes, s.acc.process_index
+    step = s.start_step
+    s.model.train()
+    it = iter(s.loader)
+    while step < cfg.steps:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except RuntimeError:
+            if stop.signum is None:
+                raise
+            # Ctrl-C in a terminal reaches the DataLoader workers too; they exit, we stop.
+            yield step, signal.Signals(stop.signum).name, False
+            return
+        t1 = time.perf_counter()
+        gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + step * 101 + rank)
+        if cfg.augment_shift:
+            batch = random_shift(batch, cfg.augment_shift, gen)
+        parts = s.model(batch, gen)
+        loss = parts["total_loss"]
+        s.optimizer.zero_grad(set_to_none=True)
+        acc.backward(loss)
+        if cfg.optimizer_grad_clip_norm > 0:
+            gn = acc.clip_grad_norm_(s.params, cfg.optimizer_grad_clip_norm)
+        else:
+            gn = torch.sqrt(sum((p.grad.detach() ** 2).sum() for p in s.params if p.grad is not None))
+        lr = s.optimizer.param_groups[0]["lr"]
+        s.optimizer.step()
+        s.scheduler.step()
+        step += 1
+        values = {k: float(acc.reduce(v.detach(), reduction="mean").item()) if world > 1 else float(v.item())
+                  for k, v in parts.items()}
+        s.run_log.step(step, values, lr, float(gn), t1 - t0, time.perf_counter() - t0)
+        if on_step:
+            on_step(step, values["total_loss"])
+        if (cfg.eval_freq and step % cfg.eval_freq == 0) or step == cfg.steps:
+            validate(step)
+        sig = stop.signum
+        over = bool(cfg.time_limit_min) and time.perf_counter() - t_start > 60.0 * cfg.time_limit_min
+        if world > 1:  # every rank must take the same decision in the same step
+            flags = acc.reduce(torch.tensor([1.0 if sig else 0.0, 1.0 if over else 0.0], device=acc.device), reduction="sum")
+            sig = stop.signum or (signal.SIGTERM if float(flags[0]) > 0 else None)
+            over = float(flags[1]) > 0
+        if sig:
+            yield step, signal.Signals(sig).name, False
+            return
+        if over:
+            s.run_log(L.TRAIN_TIME_LIMIT.format(minutes=cfg.time_limit_min, step=step))
+            yield step, None, True
+            return
+        if cfg.save_freq and step % cfg.save_freq == 0 and step < cfg.steps:
+            s.ckpt.save(step, "periodic", acc.unwrap_model(s.model), s.optimizer, s.scheduler)
+            acc.wait_for_everyone()
+        yield step, None, False
+
+
+def _prepare(cfg: TrainConfig, source) -> _Setup:
+    """Accelerate, the run directory, the data, the model, the optimiser, and a resume."""
+    import torch
+    from accelerate import Accelerator
+
+    from tutorial_utils import policies
+    from tutorial_utils.policies.checkpoint import load_weights_into
+
+    cfg.check()
+    if not cfg.output_dir:
+        raise ConfigError("output_dir is empty: pass --output-dir DIR (a job's run_dir) so the run has a home.")
+    out = Path(cfg.output_dir)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    acc = Accelerator(cpu=cpu)
+    rank, world, main = acc.process_index, acc.num_processes, acc.is_main_process
+    if world == 1 and os.environ.get("MASTER_ADDR") and os.environ.get("ACCELERATE_USE_CPU") is not None \
+            and "WORLD_SIZE" not in os.environ:
+        print("warning: accelerate launch started ONE process. Without GPUs, `accelerate launch --num_processes N` "
+              "expects mpirun; add --multi_gpu (torchrun with the gloo backend on CPU) to get N processes: "
+              "`accelerate launch --multi_gpu --num_processes 2 -m tutorial_utils train ...`.", file=sys.stderr)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+    run_id = cfg.run_id or out.name
+
+    # data
+    if source is None:
+        if not cfg.dataset:
+            raise ConfigError("dataset is empty: pass --dataset DIR (alias data_mix) with a LeRobot v2.1 dataset.")
+        if main:
+            source = open_dataset(cfg.dataset, run_dir=out, cache_mb=cfg.data_cache_mb)
+        acc.wait_for_everyone()
+        if not main:
+            source = open_dataset(cfg.dataset, run_dir=None, cache_mb=cfg.data_cache_mb)
+    train_idx, val_idx, val_eps = split_episodes(source.frame_episode, cfg.val_fraction)
+    if len(train_idx) == 0:
+        raise ConfigError("no training frames left after holding out validation episodes; lower val_fraction.")
+    dataset_meta = {"name": getattr(source, "name", ""), "image_size": (getattr(source, "image_shape", None) or [None])[0],
+                    "gripper": "dataset"}  # LIBERO LeRobot data (IPEC, our recordings): 1 open, -1 close
+    ckpt = Checkpointer(out, cfg, run_id, main, world, dataset_meta)
+    resume_from = ckpt.resume_point()
+    acc.wait_for_everyone()
+
+    # model
+    torch.manual_seed(cfg.seed)
+    policy = policies.make(cfg.policy, cfg.policy_config, source.statistics)
+    if cfg.pretrained_checkpoint and resume_from is None:
+        load_weights_into(policy, cfg.pretrained_checkpoint)
+    frozen = apply_freeze(policy, cfg.freeze_list)
+    counts = policy.parameter_counts()
+    params = [p for p in policy.parameters() if p.requires_grad]
+    # the fused AdamW kernel updates all tensors in one pass (~10% of a CPU step for a small model)
+    optimizer = torch.optim.AdamW(params, lr=cfg.optimizer_lr, betas=tuple(cfg.optimizer_betas),
+                                  weight_decay=cfg.optimizer_weight_decay, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
+    start_step = ckpt.restore(resume_from, policy, optimizer, scheduler) if resume_from is not None else 0
+    model, optimizer = acc.prepare(policy, optimizer)
+
+    if main:
+        atomic_write_json(out / CONFIG_FILE, {"train": cfg.to_dict(), "policy": cfg.policy,
+                                              "policy_config": cfg.to_dict()["policy_config"], "run_id": run_id,
+                                              "world_size": world, "val_episodes": val_eps,
+                                              "dataset": {"name": getattr(source, "name", ""),
+                                                          "frames": len(source), "train_frames": len(train_idx),
+                                                          "val_frames": len(val_idx),
+                                                          "image_shape": list(getattr(source, "image_shape", []))}})
+        atomic_write_json(out / STATS_FILE, source.statistics)
+        if start_step and (out / METRICS_FILE).is_file():  # drop rows past the checkpoint we resume from
+            rows = [r for r in read_jsonl(out / METRICS_FILE) if int(r.get("step", 0)) <= start_step]
+            atomic_write_text(out / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+
+    h, size = policy.action_horizon, policy.image_size
+    sampler = StepBatchSampler(train_idx, cfg.batch_size, cfg.steps, cfg.seed, start_step, rank, world)
+    loader = torch.utils.data.DataLoader(WindowDataset(source, train_idx, h, size), batch_sampler=sampler,
+                                         num_workers=cfg.num_workers, collate_fn=collate, persistent_workers=False,
+                                         prefetch_factor=4 if cfg.num_workers else None)
+    len_loader = math.ceil(len(train_idx) / (cfg.batch_size * world))
+    run_log = RunLog(out, cfg, run_id, main, start_step, world, len(train_idx))
+    run_log.header(counts, frozen, len_loader, start_step, resume_from)
+    return _Setup(acc, model, optimizer, scheduler, params, loader, source, run_log, ckpt,
+                  Validator(source, val_idx, cfg, h, size), start_step, counts, frozen, len_loader, run_id)
+
+
+def _finish(cfg: TrainConfig, s: _Setup, out: Path, step: int, stopped_by, time_limited: bool, last_val: dict,
+            validate) -> dict:
+    """After the loop: a checkpoint for a stopped run; for a finished one the final checkpoint,
+    ``final_model`` and the disk-usage lines (``final_model`` removed unless kept)."""
+    acc, main, log = s.acc, s.acc.is_main_process, s.run_log
+    model = acc.unwrap_model(s.model)
+    result: dict[str, Any] = {}
+    if stopped_by:
+        acc.wait_for_everyone()
+        path = s.ckpt.save(step, stopped_by, model, s.optimizer, s.scheduler, force=True)
+        acc.wait_for_everyone()
+        log(L.TRAIN_STOPPED.format(signal=stopped_by, step=step, path=path))
+        result["checkpoint"] = str(path) if path else None
+        return result
+    if time_limited and last_val.get("step") != step:
+        validate(step)
+    acc.wait_for_everyone()
+    if main:
+        if cfg.save_checkpoint and step > s.start_step:
+            s.ckpt.save(step, "final", model, s.optimizer, s.scheduler)
+        final = out / "final_model"
+        model.save(final, {"dataset": s.ckpt.dataset_meta, "step": step})
+        log(L.TRAIN_COMPLETE.format(path=final))
+        keep = cfg.keep_final_model or os.environ.get("KEEP_FINAL_MODEL", "") == "1"
+        size_final, size_before = dir_size(final), dir_size(out)
+        log(L.TRAIN_DISK_USAGE.format(final=human_bytes(size_final), run_dir=human_bytes(size_before)))
+        if keep:
+            log(L.TRAIN_FINAL_KEPT.format(final=final))
+            size_after = size_before
+        else:
+            shutil.rmtree(final)
+            size_after = dir_size(out)
+            log(L.TRAIN_FINAL_REMOVED.format(run_dir=human_bytes(size_after)))
+        result.update(final_model=str(final) if keep else None, final_model_bytes=size_final,
+                      run_dir_bytes_before=size_before, run_dir_bytes_after=size_after)
+    acc.wait_for_everyone()
+    return result
