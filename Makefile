@@ -11,12 +11,12 @@ export TUTORIAL_PROFILE ?= ci
 # jupyter-book, papermill and nbmake start kernels from PATH: make it this venv's.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help book test setup system venv vendor ipynb main-job html test-unit test-notebooks test-browser clean
+.PHONY: help book test setup system venv vendor ipynb main-job html lint test-quick test-unit test-notebooks test-browser clean
 
 help:
 	@echo "make book   set up (Debian packages, .venv), run the main job, build the HTML book into _build/html"
 	@echo "make test   set up if needed, then run every test (unit, notebooks with nbmake, book build, browser)"
-	@echo "parts: setup ipynb main-job html test-unit test-notebooks test-browser clean"
+	@echo "parts: setup ipynb main-job html lint test-quick test-unit test-notebooks test-browser clean"
 
 # --- set-up (each step done once; redone only when its inputs change) -----------------------
 $(STAMP)/system: scripts/install_system_packages.sh
@@ -65,6 +65,15 @@ book: setup main-job html
 	@echo "book: $(CURDIR)/_build/html/index.html"
 
 # --- tests --------------------------------------------------------------------------------------
+# ruff's settings are in pyproject.toml; a formatting or lint error fails `make test`
+lint: venv
+	$(PY) -m ruff format --check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks
+
+# the unit tests minus the `slow` (> ~5 s) and `browser` ones, on 2 workers: under 2 minutes on 2 cores
+test-quick: setup
+	$(PY) -m pytest tests -m "not slow and not browser" -n 2 -p no:cacheprovider -q
+
 test-unit: setup
 	$(PY) -m pytest tests -m "not browser" -p no:cacheprovider
 
@@ -78,6 +87,7 @@ test-browser: html
 	REQUIRE_BOOK=1 $(PY) -m pytest tests -m browser -p no:cacheprovider
 
 test: setup
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-notebooks
 	$(MAKE) --no-print-directory test-browser

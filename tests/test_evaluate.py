@@ -24,7 +24,8 @@ from tutorial_utils.serve.protocol import ServerDied, ServerUnavailable
 from tutorial_utils.serve.server import ServerThread, free_port
 from tutorial_utils.serve.client import wait_for_health
 from tutorial_utils.evaluate.loop import EvalConfig, StageFailed, resize_image, results_table, run_evaluation, suite_max_steps, to_env_action
-from tutorial_utils.evaluate.chain import _absolute, parse_task_ids, run_chain
+from tutorial_utils.evaluate.chain import _absolute, run_job
+from tutorial_utils.params import parse_task_ids
 from tutorial_utils.report import promote as P
 from tutorial_utils.policies import base as policies
 
@@ -207,7 +208,7 @@ def test_client_before_server_and_no_server(tmp_path, fake_envs):
 
 def test_chain_names_server_stage_when_policy_unavailable(tmp_path):
     with pytest.raises(StageFailed) as exc:
-        run_chain(policy="dit4dit", run_dir=tmp_path / "run", server_timeout=60)
+        run_job(tmp_path / 'run', policy="dit4dit", server_timeout=60)
     assert exc.value.stage == "server"
     assert "GPU checkout" in str(exc.value) and "the policy cannot be served here" in str(exc.value)
     status = json.loads((tmp_path / "run" / "status.json").read_text())
@@ -220,7 +221,7 @@ def test_chain_port_already_in_use(tmp_path):
     holder.listen()
     try:
         with pytest.raises(StageFailed, match="already in use") as exc:
-            run_chain(policy="zero", port=holder.getsockname()[1], run_dir=tmp_path / "run", server_timeout=60)
+            run_job(tmp_path / 'run', policy="zero", port=holder.getsockname()[1], server_timeout=60)
         assert exc.value.stage == "server"
     finally:
         holder.close()
@@ -262,7 +263,7 @@ def test_promote(tmp_path):
 
 @pytest.mark.libero
 def test_chain_real_libero_zero_policy(tmp_path):
-    res = run_chain(policy="zero", task_ids="0", max_steps=8, run_dir=tmp_path / "run", server_timeout=60,
+    res = run_job(tmp_path / 'run', policy="zero", task_ids="0", max_steps=8, server_timeout=60,
                              client_timeout=300)
     assert res.diagnosis.ok and res.results["total_episodes"] == 1
     assert (tmp_path / "run" / "server.log").is_file() and (tmp_path / "run" / "eval_libero_spatial.log").is_file()
@@ -281,7 +282,7 @@ def test_server_killed_mid_real_evaluation(tmp_path):
         wait_for_health(port=port, timeout=60)
         with open(log, "w") as fh:
             client = subprocess.Popen([sys.executable, "-m", "tutorial_utils", "eval", "--port", str(port), "--task-ids", "0",
-                                       "--max-steps", "220", "--output-dir", str(tmp_path), "--no-videos", "--recv-timeout", "20"],
+                                       "--max-steps", "220", "--output-dir", str(tmp_path), "--videos", "false", "--recv-timeout", "20"],
                                       stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + 240
         while "Starting episode 1..." not in log.read_text() and time.monotonic() < deadline:

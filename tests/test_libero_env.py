@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tutorial_utils.data.libero_schema import dataset_action_to_env, env_action_to_dataset
 from tutorial_utils.sim import libero_env as le
 
 
@@ -29,9 +30,9 @@ def test_state_vector_layout():
 
 def test_gripper_conventions_and_noops():
     a = np.array([0.1, 0, 0, 0, 0, 0, -1.0])
-    d = le.env_action_to_dataset(a)
+    d = env_action_to_dataset(a)
     assert d.dtype == np.float32 and d[6] == 1.0
-    np.testing.assert_allclose(le.dataset_action_to_env(d), a)
+    np.testing.assert_allclose(dataset_action_to_env(d), a, atol=1e-6)
     z = np.array([0, 0, 0, 0, 0, 0, -1.0])
     assert le.is_noop(z, None)
     assert le.is_noop(z, z)

@@ -12,7 +12,8 @@ from tutorial_utils.policies.normalize import ActionNormalizer, read_statistics
 from tutorial_utils.policies.base import CheckpointError
 from tutorial_utils.policies.normalize import StatisticsError
 from tutorial_utils.policies.mini import MiniPolicy, PolicyConfig, StateEncoder, _beta_sample
-from tutorial_utils.policies.checkpoint import load_policy, load_weights_into
+from tutorial_utils.policies import load as load_policy
+from tutorial_utils.policies.checkpoint import load_weights_into
 from tutorial_utils.policies import make_policy as serve_policy
 
 torch.set_num_threads(1)
@@ -207,7 +208,8 @@ from tutorial_utils.policies.normalize import ActionNormalizer, read_statistics
 from tutorial_utils.policies.base import CheckpointError
 from tutorial_utils.policies.normalize import StatisticsError
 from tutorial_utils.policies.mini import MiniPolicy, PolicyConfig, StateEncoder, _beta_sample
-from tutorial_utils.policies.checkpoint import load_policy, load_weights_into
+from tutorial_utils.policies import load as load_policy
+from tutorial_utils.policies.checkpoint import load_weights_into
 from tutorial_utils.policies import make_policy as serve_policy
 from tutorial_utils.serve.wire import packb, unpackb
 warnings.simplefilter("error")

@@ -201,11 +201,17 @@ def test_one_real_recorded_episode(tmp_path):
 
 
 def test_parse_task_ids_and_output_dir(tmp_path):
-    assert rec.parse_task_ids("all") == tuple(range(10))
-    assert rec.parse_task_ids("0-2,5") == (0, 1, 2, 5)
-    assert rec.parse_task_ids(3) == (3,) and rec.parse_task_ids([1, 2]) == (1, 2)
-    with pytest.raises(rec.RecordError, match="task_ids"):
-        rec.parse_task_ids("zero")
+    from tutorial_utils.errors import ConfigError
+    from tutorial_utils.params import parse_task_ids
+
+    assert parse_task_ids("all") is None and parse_task_ids("") is None  # every task of the suite
+    assert parse_task_ids("0-2,5") == [0, 1, 2, 5]
+    assert parse_task_ids(3) == [3] and parse_task_ids([1, "2"]) == [1, 2]
+    with pytest.raises(ConfigError, match="task_ids"):
+        parse_task_ids("zero")
+    with pytest.raises(ConfigError, match="task_ids"):
+        parse_task_ids("4-2")
+    assert rec.RecordConfig(task_ids="0-1", episodes_per_task=2).items() == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert rec.resolve_output_dir("run", tmp_path, "libero_spatial", 128) == tmp_path / "dataset"
     assert rec.resolve_output_dir("", tmp_path, "libero_spatial", 128).name == "libero_spatial_no_noops_expert_128_lerobot"
 

@@ -18,7 +18,7 @@ import torch
 
 from tutorial_utils.policies.base import CheckpointError
 from tutorial_utils.policies.mini import MiniPolicy
-from tutorial_utils.policies.checkpoint import load_policy
+from tutorial_utils.policies import load as load_policy
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.train.config import DatasetNotReady, TrainConfig, parameters_table, parse_overrides
 from tutorial_utils.train.data import StepBatchSampler, open_dataset, random_shift, split_episodes, synthetic_source
@@ -215,9 +215,7 @@ def test_dataset_without_modality_or_statistics(tmp_path):
 
 def test_two_step_smoke_test_on_a_lerobot_dataset(tmp_path, capsys):
     """The smoke test of the chapter: steps 2, batch 1, on a real v2.1 dataset through the CLI."""
-    synth = pytest.importorskip("tutorial_utils.synth")
-    stats = pytest.importorskip("tutorial_utils.stats")
-    modality = pytest.importorskip("tutorial_utils.modality")
+    from tutorial_utils.data import modality, stats, synth
     root = synth.generate_dataset(tmp_path / "ds", n_episodes=3, mean_length=12, image_size=32)
     modality.build_modality(root)
     stats.compute_all(root)

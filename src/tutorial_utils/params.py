@@ -211,3 +211,37 @@ def read_json(cls, path) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object of parameters, found {type(data).__name__}.")
     return from_mapping(cls, data, str(p))
+
+
+def parse_task_ids(task_ids: Any) -> list[int] | None:
+    """``"all"``, ``""`` or None -> None (every task); ``"0-4"``, ``"0,3"``, ``"0-2,5"``, an int or a
+    list of ints -> a list of task ids. The one parser behind the record and evaluate jobs."""
+    if task_ids is None or (isinstance(task_ids, str) and task_ids.strip().lower() in ("", "all")):
+        return None
+    if isinstance(task_ids, bool):
+        raise ConfigError(f"task_ids={task_ids!r}: use 'all', '0-4', '0,3' or a list of integers")
+    if isinstance(task_ids, int) or (hasattr(task_ids, "dtype") and getattr(task_ids, "ndim", 1) == 0):
+        return [int(task_ids)]
+    try:
+        if isinstance(task_ids, str):
+            out: list[int] = []
+            for part in task_ids.split(","):
+                part = part.strip()
+                if "-" in part:
+                    a, b = part.split("-", 1)
+                    if int(b) < int(a):
+                        raise ValueError(part)
+                    out += list(range(int(a), int(b) + 1))
+                elif part:
+                    out.append(int(part))
+            return out
+        return [coerce_scalar(int, t) for t in task_ids]
+    except (TypeError, ValueError):
+        raise ConfigError(f"task_ids={task_ids!r}: use 'all', '0-4', '0,3' or a list of integers") from None
+
+
+def collect(namespace: Mapping[str, Any], *classes: type) -> dict[str, Any]:
+    """The values in ``namespace`` (a job notebook's ``globals()``) whose names are fields of
+    ``classes``: the job's parameters cell, handed to ``run_job(run_dir, **params)`` as it is."""
+    names = [f.name for cls in classes for f in dataclasses.fields(cls) if f.metadata.get("help") is not None]
+    return {n: namespace[n] for n in names if n in namespace}

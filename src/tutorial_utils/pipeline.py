@@ -45,7 +45,7 @@ def _train_outputs(run_dir: Path, status: dict) -> dict:
     ckpt = tr.get("best_checkpoint") or tr.get("last_checkpoint")
     if not ckpt or not Path(ckpt).is_dir():
         raise RuntimeError(f"{run_dir}: the training run left no checkpoint (status.json train.best_checkpoint)")
-    return {"checkpoint": ckpt, "train_run": os.fspath(run_dir)}
+    return {"checkpoint": ckpt, "policy": tr.get("policy") or "mini", "train_run": os.fspath(run_dir)}
 
 
 def _eval_outputs(run_dir: Path, status: dict) -> dict:
@@ -58,7 +58,7 @@ STAGES: list[Stage] = [
     Stage(
         "evaluate",
         "evaluate.md",
-        lambda ctx: {"policy": "mini", "checkpoint": ctx["checkpoint"],
+        lambda ctx: {"policy": ctx["policy"], "checkpoint": ctx["checkpoint"],
                      "trials_per_task": profiles.pick(ci=1, cpu=2, gpu=50)},
         _eval_outputs,
     ),

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import logs as L
+from tutorial_utils.errors import ConfigError, TutorialError
 from tutorial_utils.io import atomic_path, atomic_write_json
+from tutorial_utils.params import param
 
 
 
@@ -26,7 +28,7 @@ def eval_log_name(suite: str) -> str:
     return f"eval_{suite}.log"
 
 
-class StageFailed(RuntimeError):
+class StageFailed(TutorialError, RuntimeError):
     """The evaluation chain failed; ``stage`` names where (server, client connect, LIBERO setup, evaluation)."""
 
     def __init__(self, stage: str, message: str, run_dir: Path | None = None):
@@ -36,24 +38,54 @@ class StageFailed(RuntimeError):
 
 @dataclass
 class EvalConfig:
-    """Everything the client loop needs (the job notebook's parameters map onto it)."""
+    """Every parameter of the evaluation job: the server it starts, the LIBERO client it runs.
 
-    suite: str = "libero_spatial"
-    task_ids: list[int] | None = None  # None: every task of the suite
-    trials_per_task: int = 1
-    seed: int = 7
-    host: str = "127.0.0.1"
-    port: int = 8000
-    render_profile: str = "fast"
-    env_image_size: int = 128  # camera render size (LIBERO's reference is 256)
-    max_steps: int | None = None  # None: the suite's limit
-    num_steps_wait: int = 10
-    replan_steps: int | None = None  # None: the server's metadata
-    protocol: str = "openpi"
-    output_dir: str = "."
-    videos: bool = True
-    connect_timeout: float = 120.0
-    recv_timeout: float = 120.0
+    The job notebook, ``python -m tutorial_utils eval`` and the book's tables are generated from
+    these fields; the chain hands the client process its copy as a JSON file
+    (``client_config.json`` in the run directory). ``None`` means "no override": the suite's
+    step limit, the policy's own ``replan_steps``.
+    """
+
+    policy: str = param("expert", "policy to serve (registry name: expert, zero, mini, mlp, ...; dit4dit runs "
+                                  "on its own GPU checkout)", "server")
+    checkpoint: str = param("", "checkpoint directory of a trained policy (e.g. runs/<id>/checkpoints/last)", "server")
+    suite: str = param("libero_spatial", "LIBERO suite: libero_spatial, libero_object, libero_goal, libero_10, libero_90")
+    task_ids: str = param("all", "tasks to run: all, 0-4, 0,3 (one parser: tutorial_utils.params.parse_task_ids)")
+    trials_per_task: int = param(1, "episodes per task (init states 0, 1, ...; the benchmark uses 50)")
+    seed: int = param(7, "seed of the client's numpy RNG")
+    host: str = param("127.0.0.1", "policy server address (the chain starts it here)", "server")
+    port: int = param(0, "policy server port (0: the chain picks a free one)", "server")
+    render_profile: str = param("fast", "fast | reference (the same profile recording uses)")
+    env_image_size: int = param(128, "camera render size (LIBERO's reference is 256)")
+    max_steps: int | None = param(None, "step limit per episode (None: the suite's limit, spatial 220)")
+    num_steps_wait: int = param(10, "settle steps with a do-nothing action before the policy acts")
+    replan_steps: int | None = param(None, "actions of each chunk executed before asking again (None: the "
+                                           "server's metadata)")
+    protocol: str = param("openpi", "request shape: openpi | dit4dit")
+    output_dir: str = param("", "results.json and videos/ (empty: the run directory)")
+    videos: bool = param(True, "write one mp4 per episode")
+    connect_timeout: float = param(120.0, "seconds the client waits for the server")
+    recv_timeout: float = param(120.0, "seconds the client waits for one reply")
+    server_timeout: float = param(300.0, "seconds the chain waits for the server's /healthz", "server")
+    client_timeout: float | None = param(None, "seconds the chain lets the client run (None: no limit)", "server")
+
+    def check(self) -> None:
+        from tutorial_utils.params import parse_task_ids
+
+        parse_task_ids(self.task_ids)
+        if self.protocol not in ("openpi", "dit4dit"):
+            raise ConfigError(f"protocol={self.protocol!r}: use openpi or dit4dit")
+        if self.render_profile not in ("fast", "reference"):
+            raise ConfigError(f"render_profile={self.render_profile!r}: use fast or reference")
+        for name in ("trials_per_task", "env_image_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+
+    @property
+    def task_list(self) -> list[int] | None:
+        from tutorial_utils.params import parse_task_ids
+
+        return parse_task_ids(self.task_ids)
 
 
 # --- small pieces (tested without LIBERO) ----------------------------------------------------------
@@ -183,14 +215,14 @@ def run_evaluation(cfg: EvalConfig, out=None) -> dict:
     say = _Printer(out)
     t_start = time.monotonic()
     np.random.seed(cfg.seed)
-    out_dir = Path(cfg.output_dir)
+    out_dir = Path(cfg.output_dir or ".")
     out_dir.mkdir(parents=True, exist_ok=True)
     max_steps = suite_max_steps(cfg.suite, cfg.max_steps)
     client = PolicyClient(cfg.host, cfg.port, connect_timeout=cfg.connect_timeout,
                                   recv_timeout=cfg.recv_timeout, protocol=cfg.protocol)
     meta = dict(client.metadata)
     results = _results_skeleton(cfg, meta)
-    task_ids = list(cfg.task_ids) if cfg.task_ids else list(range(_num_tasks(cfg.suite)))
+    task_ids = cfg.task_list or list(range(libero_env.num_tasks(cfg.suite)))
     total_eps = total_ok = 0
     try:
         for task_id in task_ids:
@@ -236,17 +268,6 @@ def run_evaluation(cfg: EvalConfig, out=None) -> dict:
     say(L.EVAL_TOTAL_RATE, rate=float(total_ok) / float(total_eps) if total_eps else 0.0)
     say(L.EVAL_TOTAL_EPISODES, n=total_eps)
     return results
-
-
-def _num_tasks(suite: str) -> int:
-    import contextlib
-    import io
-
-    from tutorial_utils.sim import libero_env
-
-    libero_env.ensure_libero_config()
-    with contextlib.redirect_stdout(io.StringIO()):
-        return int(libero_env._suite(suite).n_tasks)
 
 
 # --- the two-process chain (the evaluation job) -----------------------------------------------------

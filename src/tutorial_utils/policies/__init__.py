@@ -2,7 +2,7 @@
 
 A family is one module in this folder and one :func:`register` line below. Two kinds:
 
-- trainable families (a :class:`~tutorial_utils.policies.base.TrainablePolicy`): ``mini`` (the
+- trainable families (a :class:`~tutorial_utils.policies.trainable.TrainablePolicy`): ``mini`` (the
   small flow-matching DiT) and ``mlp`` (a two-layer behaviour-cloning baseline, the worked
   example of the seam). Training, serving, evaluation and checkpoints use them through
   :func:`make`, :func:`load` and :func:`make_policy` and never name a family;
@@ -19,7 +19,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from tutorial_utils.policies.base import Policy, PolicyUnavailable, TrainablePolicy
+from tutorial_utils.policies.base import Policy, PolicyUnavailable
+from tutorial_utils.policies.trainable import TrainablePolicy
 
 _REGISTRY: dict[str, Any] = {}
 
@@ -69,9 +70,9 @@ def make(name: str, config: Any = None, statistics: Any = None):
 
 def load(checkpoint: Any, device: str = "cpu"):
     """A ready model from a checkpoint directory of any trainable family (read from config.json)."""
-    from tutorial_utils.policies.checkpoint import load_policy
+    from tutorial_utils.policies.checkpoint import load_policy, read_checkpoint_config
 
-    return load_policy(checkpoint, device=device)
+    return load_policy(checkpoint, family(read_checkpoint_config(checkpoint)["family"]), device=device)
 
 
 def make_policy(name: str, checkpoint: str | None = None, **kwargs: Any) -> Policy:

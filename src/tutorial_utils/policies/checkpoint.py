@@ -157,22 +157,21 @@ def load_weights_into(policy, directory: str | os.PathLike) -> dict:
     return manifest
 
 
-def load_policy(checkpoint_dir: str | os.PathLike, device: str = "cpu", family: type | None = None):
-    """A ready model (eval mode, on ``device``) from a checkpoint directory. The family comes
-    from ``config.json`` through the registry (or is given, and then must match)."""
-    from tutorial_utils import params, policies
+def load_policy(checkpoint_dir: str | os.PathLike, family: type, device: str = "cpu"):
+    """A ready model of ``family`` (eval mode, on ``device``) from a checkpoint directory; the
+    family written in ``config.json`` must match (``tutorial_utils.policies.load`` picks it)."""
+    from tutorial_utils import params
 
     d = Path(checkpoint_dir)
     manifest = read_checkpoint_config(d)
-    cls = family or policies.family(manifest["family"])
-    if cls.name != manifest["family"]:
-        raise CheckpointError(f"{d / CONFIG_FILE} is a {manifest['family']!r} checkpoint, not {cls.name!r}; "
-                              "load it with tutorial_utils.policies.load(dir).")
+    if family.name != manifest["family"]:
+        raise CheckpointError(f"{d / CONFIG_FILE} is a {manifest['family']!r} checkpoint, not {family.name!r}; "
+                              "load it with tutorial_utils.policies.load(dir), which picks the family for you.")
     try:
-        cfg = params.from_mapping(cls.config_class, manifest["policy"], str(d / CONFIG_FILE))
+        cfg = params.from_mapping(family.config_class, manifest["policy"], str(d / CONFIG_FILE))
     except params.ConfigError as exc:
         raise CheckpointError(f"{d / CONFIG_FILE}: {exc} The checkpoint was written by another version of the "
-                              f"{cls.name!r} family; retrain, or load it with the version that wrote it.") from None
-    policy = cls(cfg, read_statistics(d / STATS_FILE))
+                              f"{family.name!r} family; retrain, or load it with the version that wrote it.") from None
+    policy = family(cfg, read_statistics(d / STATS_FILE))
     load_weights_into(policy, d)
     return policy.to(device).eval()

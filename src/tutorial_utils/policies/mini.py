@@ -20,7 +20,7 @@ Actions are normalised with ``dataset_statistics.json`` (the ``franka`` block): 
 
 It is the ``mini`` family of the policy registry (:mod:`tutorial_utils.policies`): batches in
 LeRobot's key names, checkpoints in the shared format (:mod:`tutorial_utils.policies.checkpoint`),
-served through :meth:`~tutorial_utils.policies.base.TrainablePolicy.serving_policy`.
+served through :meth:`~tutorial_utils.policies.trainable.TrainablePolicy.serving_policy`.
 ``MiniPolicy.load(dir)`` gives a ready policy; ``policy.predict_action(primary, wrist, state,
 instruction)`` returns an (8, 7) chunk in robot units.
 """
@@ -47,8 +47,8 @@ from tutorial_utils.policies.base import (
     BATCH_STATE,
     BATCH_TASK,
     BATCH_WRIST,
-    TrainablePolicy,
 )
+from tutorial_utils.policies.trainable import TrainablePolicy
 from tutorial_utils.policies.normalize import EMBODIMENT, STATS_FILE, ActionNormalizer, StatisticsError
 
 # --- config -----------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """``mlp``: a two-layer behaviour-cloning policy, the smallest family the seam accepts.
 
-It is the worked example of :class:`~tutorial_utils.policies.base.TrainablePolicy` (CONTRIBUTING.md
+It is the worked example of :class:`~tutorial_utils.policies.trainable.TrainablePolicy` (CONTRIBUTING.md
 walks through it) and a baseline for the zoo: both cameras average-pooled to a few pixels, the
 8-D state and a hashed embedding of the instruction go through one hidden layer to a whole
 action chunk, regressed in the normalised action space with a masked MSE. No noise, no
@@ -26,8 +26,8 @@ from tutorial_utils.policies.base import (
     BATCH_CAMERAS,
     BATCH_STATE,
     BATCH_TASK,
-    TrainablePolicy,
 )
+from tutorial_utils.policies.trainable import TrainablePolicy
 from tutorial_utils.policies.normalize import ActionNormalizer, StatisticsError
 
 

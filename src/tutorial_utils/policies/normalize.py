@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-import torch
 
 from tutorial_utils.errors import TutorialError
 
@@ -68,12 +67,14 @@ class ActionNormalizer:
     def unnormalize(self, n, clip: bool = True):
         low, span, mask = self._like(n)
         if clip:
-            n = n.clamp(-1, 1) if isinstance(n, torch.Tensor) else np.clip(n, -1, 1)
+            n = n.clamp(-1, 1) if _is_tensor(n) else np.clip(n, -1, 1)
         a = (n + 1.0) * 0.5 * span + low
         return a * mask + n * (1 - mask)
 
     def _like(self, x):
-        if isinstance(x, torch.Tensor):
+        if _is_tensor(x):
+            import torch
+
             f = lambda v: torch.as_tensor(v, dtype=x.dtype, device=x.device)  # noqa: E731
         else:
             f = lambda v: np.asarray(v, dtype=np.float32)  # noqa: E731
@@ -94,3 +95,8 @@ def read_statistics(path: str | os.PathLike) -> dict:
     ActionNormalizer.from_statistics(stats, source=str(path))
     return stats
 
+
+
+def _is_tensor(x) -> bool:
+    """A torch tensor, without importing torch for numpy inputs."""
+    return type(x).__module__.startswith("torch")

@@ -186,3 +186,27 @@ def evaluation(run_dir: str | os.PathLike, logs_dir: Path | None = None, assets_
 
 
 
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tutorial_utils promote {eval,train} RUN_DIR``: promote a finished run by hand."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m tutorial_utils promote",
+                                 description="Copy a finished run's logs, results and one video into logs/ and assets/.")
+    ap.add_argument("kind", choices=("eval", "train"))
+    ap.add_argument("run_dir")
+    ap.add_argument("--prefix", default=None, help="file name prefix (default: eval_ or train_)")
+    args = ap.parse_args(argv)
+    try:
+        if args.kind == "eval":
+            done = evaluation(args.run_dir, prefix=args.prefix or "eval_")
+        else:
+            done = training(args.run_dir, prefix=args.prefix or "train_")
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for key, path in done.items():
+        print(f"{key}: {path}")
+    return 0

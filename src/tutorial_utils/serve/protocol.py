@@ -17,9 +17,16 @@ The wire protocol, which openpi's ``openpi-client`` and DiT4DiT's ``server_polic
 Two request shapes are understood (see :func:`to_policy_observation`):
 
 - openpi LIBERO: ``observation/image``, ``observation/wrist_image`` (HxWx3 uint8),
-  ``observation/state`` (8,), ``prompt``; reply ``actions`` (chunk x 7);
+  ``observation/state`` (8,), ``prompt``; reply ``actions`` (chunk x 7) in robosuite's gripper
+  convention (-1 open, +1 close), so openpi's ``examples/libero/main.py`` passes them straight
+  to ``env.step``: the server converts a ``"dataset"``-convention policy's chunk and announces
+  ``gripper: "robosuite"`` (the policy's own convention under ``policy_gripper``);
 - DiT4DiT: ``{"examples": [{"image": [primary||wrist], "lang": str, "state": (1, 16)}]}``;
-  reply ``{"data": {"normalized_actions": (1, chunk, 8)}}``.
+  reply ``{"data": {"normalized_actions": (1, chunk, 8)}}`` in the policy's own convention
+  (``policy_gripper``), as DiT4DiT's client expects.
+
+Images of any size are accepted and resized to the policy's ``image_size`` with the package's
+one resize, :func:`tutorial_utils.data.images.resize` (the one training windows use).
 
 CLI: ``python -m tutorial_utils serve --policy expert --port 8000``."""
 
@@ -76,7 +83,12 @@ class PortInUse(ServingError, OSError):
 
 
 def _as_image(value: Any, key: str, size: int | None):
+    """An HxWx3 uint8 image of any size -> ``size`` x ``size`` (the policy's metadata['image_size'])
+    through the package's one resize (:func:`tutorial_utils.data.images.resize`), so a policy sees
+    the pixels it was trained on whatever the client sends (openpi's LIBERO example sends 224)."""
     import numpy as np
+
+    from tutorial_utils.data.images import resize
 
     arr = np.asarray(value)
     if arr.ndim != 3 or arr.shape[-1] != 3:
@@ -84,14 +96,11 @@ def _as_image(value: Any, key: str, size: int | None):
             f"request key {key!r}: expected an image of shape (H, W, 3), found shape {tuple(arr.shape)}. "
             f"Send HxWx3 uint8 RGB (channels last)."
         )
-    if size is not None and arr.shape[:2] != (size, size):
-        raise ObservationError(
-            f"request key {key!r}: expected an image of shape ({size}, {size}, 3) (the policy's input size, "
-            f"metadata['image_size']), found {tuple(arr.shape)}. Resize on the client before sending."
-        )
     if arr.dtype != np.uint8:
         raise ObservationError(f"request key {key!r}: expected dtype uint8, found {arr.dtype}. Send 0..255 uint8 pixels.")
-    return arr
+    if arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise ObservationError(f"request key {key!r}: the image is empty, shape {tuple(arr.shape)}. Send HxWx3 uint8 RGB.")
+    return resize(arr, size)
 
 
 def _as_state(value: Any, key: str):

@@ -18,6 +18,12 @@ import traceback
 from typing import Any
 
 from tutorial_utils import logs as _logs
+from tutorial_utils.data.libero_schema import (
+    DATASET_GRIPPER,
+    GRIPPER_CONVENTIONS,
+    ROBOSUITE_GRIPPER,
+    action_to_env,
+)
 
 
 from tutorial_utils.serve.protocol import (
@@ -32,8 +38,28 @@ from tutorial_utils.serve.protocol import (
     to_reply,
 )
 
-logger = logging.getLogger("tutorial_utils.serve")
 from tutorial_utils.serve.wire import packb, unpackb
+
+logger = logging.getLogger("tutorial_utils.serve")
+
+
+def announced_metadata(policy_metadata: dict) -> dict:
+    """The metadata the server sends on connect: the policy's, with ``gripper`` the convention of
+    the openpi replies (always ``"robosuite"``) and ``policy_gripper`` the policy's own.
+
+    Raises ValueError for a convention other than ``"robosuite"`` / ``"dataset"``.
+    """
+    meta = dict(policy_metadata)
+    if "gripper" in meta:
+        own = meta["gripper"]
+        if own not in GRIPPER_CONVENTIONS:
+            raise ValueError(
+                f"policy metadata['gripper'] is {own!r}: use {ROBOSUITE_GRIPPER!r} (-1 open, +1 close) or "
+                f"{DATASET_GRIPPER!r} (+1 open, -1 close, the LIBERO datasets'), the convention of the actions "
+                f"the policy returns"
+            )
+        meta.update(gripper=ROBOSUITE_GRIPPER, policy_gripper=own)
+    return meta
 
 
 
@@ -62,6 +88,15 @@ class PolicyServer:
 
     ``await server.serve()`` runs until :meth:`stop`. ``port=0`` picks a free port
     (read :attr:`port` once :attr:`ready` is set).
+
+    Requests may carry images of any size: they are resized to the policy's ``image_size``
+    (see :func:`~tutorial_utils.serve.protocol.to_policy_observation`). openpi-shaped requests are
+    answered in robosuite's gripper convention, as openpi's LIBERO example passes ``actions``
+    straight to ``env.step``: a ``"dataset"``-convention policy's chunk goes through
+    :func:`tutorial_utils.data.libero_schema.dataset_action_to_env`. So the metadata sent on
+    connect (:attr:`metadata`) says ``gripper: "robosuite"`` and keeps the policy's own convention
+    under ``policy_gripper`` (:attr:`policy_metadata` is the policy's metadata unchanged); DiT4DiT
+    requests are answered in the policy's own convention.
     """
 
     def __init__(self, policy, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, metadata: dict | None = None,
@@ -70,7 +105,8 @@ class PolicyServer:
         self.infer_in_thread = infer_in_thread
         self.host = host
         self.port = port
-        self.metadata = dict(metadata if metadata is not None else getattr(policy, "metadata", {}) or {})
+        self.policy_metadata = dict(metadata if metadata is not None else getattr(policy, "metadata", {}) or {})
+        self.metadata = announced_metadata(self.policy_metadata)
         self.ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -82,13 +118,21 @@ class PolicyServer:
     def image_size(self) -> int | None:
         return self.metadata.get("image_size")
 
+    @property
+    def policy_gripper(self) -> str:
+        return self.metadata.get("policy_gripper", ROBOSUITE_GRIPPER)
+
     def _infer(self, request: Any) -> dict[str, Any]:
         protocol = detect_protocol(request)
         obs = to_policy_observation(request, self.image_size)
         result = self.policy.infer(obs)
-        if protocol == "dit4dit" and hasattr(self.policy, "normalize_actions"):
-            # a DiT4DiT client un-normalises with dataset_statistics.json itself
-            result = {**result, "actions": self.policy.normalize_actions(result["actions"])}
+        if protocol == "dit4dit":
+            if hasattr(self.policy, "normalize_actions"):
+                # a DiT4DiT client un-normalises with dataset_statistics.json itself
+                result = {**result, "actions": self.policy.normalize_actions(result["actions"])}
+        elif self.policy_gripper != ROBOSUITE_GRIPPER:
+            # openpi's client passes the actions straight to env.step: answer in robosuite's convention
+            result = {**result, "actions": action_to_env(result["actions"], self.policy_gripper)}
         return to_reply(result, protocol)
 
     async def _handler(self, ws) -> None:

@@ -17,8 +17,9 @@ camera-less ``ControlEnv`` when ``cameras=False``) that
 
 Actions follow robosuite: 7 numbers, ``[dx, dy, dz, droll, dpitch, dyaw, gripper]`` in
 ``[-1, 1]`` (1.0 = 5 cm or 0.5 rad), gripper ``-1`` open, ``+1`` close. Recorded datasets store
-the gripper the other way round (``1`` open, ``-1`` close: FACTS section 5); convert with
-:func:`env_action_to_dataset` / :func:`dataset_action_to_env`.
+the gripper the other way round (``1`` open, ``-1`` close: FACTS section 5); the one conversion
+is :func:`tutorial_utils.data.libero_schema.env_action_to_dataset` /
+:func:`~tutorial_utils.data.libero_schema.dataset_action_to_env`.
 
 Heavy imports (libero, robosuite, mujoco) happen inside the functions that need them.
 """
@@ -61,20 +62,6 @@ class GLBackendError(RuntimeError):
 
 
 # --- actions, images, state -----------------------------------------------------------------
-
-
-def env_action_to_dataset(action: np.ndarray) -> np.ndarray:
-    """robosuite action (gripper -1 open / +1 close) -> dataset action (gripper 1 open / -1 close)."""
-    a = np.asarray(action, dtype=np.float32).copy()
-    a[..., 6] = -a[..., 6]
-    return a
-
-
-def dataset_action_to_env(action: np.ndarray) -> np.ndarray:
-    """Dataset / policy action (gripper 1 open / -1 close) -> robosuite action (-1 open / +1 close)."""
-    a = np.asarray(action, dtype=np.float64).copy()
-    a[..., 6] = -a[..., 6]
-    return a
 
 
 def flip(img: np.ndarray) -> np.ndarray:
@@ -286,6 +273,16 @@ def task_info(suite: str, task_id: int) -> TaskInfo:
         num_init_states=n_init,
         max_steps=MAX_STEPS.get(suite, 400),
     )
+
+
+def num_tasks(suite: str) -> int:
+    """How many tasks ``suite`` has (10, or 90 for libero_90), read from LIBERO's benchmark."""
+    import contextlib
+    import io
+
+    ensure_libero_config()
+    with contextlib.redirect_stdout(io.StringIO()):
+        return int(_suite(suite).n_tasks)
 
 
 def init_states(suite: str, task_id: int) -> np.ndarray:

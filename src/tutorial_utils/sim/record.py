@@ -20,63 +20,58 @@ image size or render profile) is refused.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from tutorial_utils.errors import TutorialError
 from tutorial_utils.io import atomic_write_json
+from tutorial_utils.params import param, parse_task_ids
 
 MANIFEST = "meta/record_manifest.json"
 FPS = 20  # LIBERO's control frequency (the IPEC datasets' fps)
 
 
-class RecordError(ValueError):
+class RecordError(TutorialError, ValueError):
     """Bad recording input or an output folder that cannot be used."""
 
 
 @dataclasses.dataclass(frozen=True)
 class RecordConfig:
-    suite: str = "libero_spatial"
-    task_ids: tuple = tuple(range(10))
-    episodes_per_task: int = 5
-    init_state_offset: int = 0
-    image_size: int = 128
-    render_profile: str = "fast"
-    seed: int = 7
-    attempts: int = 4
+    """Every parameter of the recording job (the job notebook, the CLI and the book's table)."""
+
+    suite: str = param("libero_spatial", "LIBERO suite to record")
+    task_ids: Any = param("all", "tasks to record: all, 0-4, 0,3 or a list (tutorial_utils.params.parse_task_ids)")
+    episodes_per_task: int = param(5, "successful episodes per task (init states offset, offset+1, ...)")
+    init_state_offset: int = param(0, "first init state of each task")
+    image_size: int = param(128, "square camera size (LIBERO's reference is 256; an even number)")
+    render_profile: str = param("fast", "fast | reference (the same profile evaluation uses)")
+    seed: int = param(7, "seed of the expert's grasp search")
+    attempts: int = param(4, "expert attempts per (task, init state) before the item is skipped")
+    output_dir: str = param("", "dataset folder: empty for data/<suite>_no_noops_expert_<size>_lerobot, 'run' for "
+                                "<run_dir>/dataset, or a path")
+    workers: int = param(1, "worker processes recording in parallel (each holds one LIBERO scene)")
 
     def identity(self) -> dict:
         """What makes two recordings the same dataset (resuming needs these to match)."""
         return {"suite": self.suite, "image_size": int(self.image_size), "render_profile": self.render_profile}
 
+    @property
+    def task_list(self) -> tuple[int, ...]:
+        ids = parse_task_ids(self.task_ids)
+        if ids is None:
+            from tutorial_utils.sim import libero_env
+
+            ids = list(range(libero_env.num_tasks(self.suite)))
+        return tuple(ids)
+
     def items(self) -> list[tuple[int, int]]:
-        return [(int(t), int(self.init_state_offset) + k) for t in self.task_ids for k in range(int(self.episodes_per_task))]
-
-
-def parse_task_ids(task_ids, n_tasks: int = 10) -> tuple:
-    """``"all"``, ``"0-4"``, ``"0,3"``, an int or a list -> a tuple of task ids."""
-    if isinstance(task_ids, (int, np.integer)):
-        return (int(task_ids),)
-    if isinstance(task_ids, (list, tuple)):
-        return tuple(int(t) for t in task_ids)
-    text = str(task_ids).strip().lower()
-    if text == "all":
-        return tuple(range(n_tasks))
-    out: list[int] = []
-    try:
-        for part in text.split(","):
-            if "-" in part:
-                a, b = part.split("-")
-                out += list(range(int(a), int(b) + 1))
-            elif part.strip():
-                out.append(int(part))
-    except ValueError:
-        raise RecordError(f"task_ids {task_ids!r}: use 'all', '0-4', '0,3' or a list of integers") from None
-    return tuple(out)
+        return [(int(t), int(self.init_state_offset) + k) for t in self.task_list for k in range(int(self.episodes_per_task))]
 
 
 def default_output_dir(suite: str, image_size: int) -> Path:
@@ -114,6 +109,7 @@ def replay(env, actions: np.ndarray) -> tuple[dict[str, np.ndarray], bool, int]:
 
     Returns (frames for the writer, success, number of no-op actions dropped).
     """
+    from tutorial_utils.data.libero_schema import env_action_to_dataset
     from tutorial_utils.sim import libero_env as le
 
     obs = env.reset()
@@ -130,7 +126,7 @@ def replay(env, actions: np.ndarray) -> tuple[dict[str, np.ndarray], bool, int]:
         else:
             p, w = le.policy_images(obs)
             states.append(le.state_vector(obs))
-            acts.append(le.env_action_to_dataset(a))
+            acts.append(env_action_to_dataset(a))
             prim.append(p)
             wrist.append(w)
         prev = a
@@ -249,7 +245,7 @@ def record(output_dir: str | os.PathLike, cfg: RecordConfig, workers: int = 1, p
     if cfg.suite and episode_fn is None:
         from tutorial_utils.sim import libero_env as le
 
-        for t in cfg.task_ids:  # unknown suite/task or init state out of range: fail before any work
+        for t in cfg.task_list:  # unknown suite/task or init state out of range: fail before any work
             info = le.task_info(cfg.suite, t)
             last = int(cfg.init_state_offset) + int(cfg.episodes_per_task) - 1
             if int(cfg.init_state_offset) < 0 or last >= info.num_init_states:
@@ -336,28 +332,47 @@ def write_metadata(root: str | os.PathLike, run_dir: str | os.PathLike | None = 
             "num_trajectories": st["num_trajectories"], "num_transitions": st["num_transitions"]}
 
 
+def run_job(run_dir: str | os.PathLike, **overrides: Any) -> dict:
+    """What ``notebooks/jobs/record_demos.md`` runs: record with :class:`RecordConfig` parameters,
+    write the metadata, validate the dataset and record the success signs in ``status.json``."""
+    from tutorial_utils import jobs, params
+    from tutorial_utils.data.format import LeRobotDataset
+
+    cfg = params.from_mapping(RecordConfig, overrides, "`python -m tutorial_utils record --list-params`")
+    out = resolve_output_dir(cfg.output_dir, run_dir, cfg.suite, cfg.image_size)
+    print(f"run directory: {run_dir}\noutput: {out}\n{len(cfg.items())} episodes to record: tasks {list(cfg.task_list)}, "
+          f"init states {cfg.init_state_offset}..{cfg.init_state_offset + cfg.episodes_per_task - 1}, "
+          f"{cfg.image_size}x{cfg.image_size}, render profile {cfg.render_profile!r}, {cfg.workers} worker(s)")
+    summary = record(out, cfg, workers=cfg.workers)
+    meta = write_metadata(out, run_dir=run_dir)
+    ds = LeRobotDataset(out)
+    ds.validate()
+    result = {**summary, "metadata": meta, "dataset": str(out), "episodes": ds.num_episodes, "frames": ds.num_frames}
+    atomic_write_json(Path(run_dir) / "record_summary.json", result)
+    jobs.update_status(run_dir, success_signs={"episodes": ds.num_episodes, "frames": ds.num_frames,
+                                               "expert_success_rate": summary["success_rate"], "dataset": str(out)})
+    return result
+
+
 def main(argv: list[str]) -> int:
-    """``python -m tutorial_utils.record OUTPUT_DIR [--tasks 0,1] [--episodes 5] [--workers 2] ...``"""
+    """``python -m tutorial_utils record --output-dir DIR [--task-ids 0,1] [--episodes-per-task 5] ...``"""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m tutorial_utils.record")
-    p.add_argument("output_dir")
-    p.add_argument("--suite", default="libero_spatial")
-    p.add_argument("--tasks", default="0,1,2,3,4,5,6,7,8,9")
-    p.add_argument("--episodes", type=int, default=5)
-    p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--image-size", type=int, default=128)
-    p.add_argument("--render-profile", default="fast")
-    p.add_argument("--workers", type=int, default=1)
+    from tutorial_utils import params
+
+    p = argparse.ArgumentParser(prog="python -m tutorial_utils record",
+                                description="Record LIBERO demonstrations with the scripted expert into a LeRobot v2.1 dataset.")
+    p.add_argument("--list-params", action="store_true", help="print every parameter, default and meaning")
+    params.add_arguments(p, RecordConfig)
     a = p.parse_args(argv)
-    cfg = RecordConfig(a.suite, tuple(int(x) for x in a.tasks.split(",")), a.episodes, a.offset, a.image_size, a.render_profile)
-    print(json.dumps(record(a.output_dir, cfg, workers=a.workers)))
+    if a.list_params:
+        print(params.markdown_table(RecordConfig))
+        return 0
+    try:
+        cfg = params.from_args(RecordConfig, a, "`python -m tutorial_utils record --list-params`")
+    except TutorialError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = resolve_output_dir(cfg.output_dir, Path.cwd(), cfg.suite, cfg.image_size)
+    print(json.dumps(record(out, cfg, workers=cfg.workers)))
     return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    raise SystemExit(main(sys.argv[1:]))
-
-

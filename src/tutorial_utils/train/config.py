@@ -90,7 +90,7 @@ class TrainConfig:
         if not isinstance(self.policy_config, (type(None), Mapping)) and not dataclasses.is_dataclass(self.policy_config):
             raise ConfigError(f"policy_config must be a mapping or the family's config, got {type(self.policy_config).__name__}")
         from tutorial_utils import policies
-        from tutorial_utils.policies.base import make_config
+        from tutorial_utils.policies.trainable import make_config
 
         try:
             fam = policies.family(self.policy)

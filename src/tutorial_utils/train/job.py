@@ -77,7 +77,7 @@ def run_job(run_dir: str | os.PathLike, **params: Any) -> TrainResult:
     signs = {"parameters counted": log["total_params"] is not None, "first loss line": bool(log["steps"]),
              "training complete": log["final_model"] is not None}
     jobs.update_status(run_dir, success_signs=signs, train={k: res.summary.get(k) for k in (
-        "steps_done", "stopped_by", "first_loss", "last_loss", "best", "samples_per_s", "data_wait_share",
+        "policy", "steps_done", "stopped_by", "first_loss", "last_loss", "best", "samples_per_s", "data_wait_share",
         "last_checkpoint", "best_checkpoint", "final_model_bytes", "run_dir_bytes_after", "wall_s")}, dataset=str(root))
     return res
 

@@ -1,0 +1,211 @@
+"""The package's import graph: no cycles, no import of a later stage, and instant stage imports.
+
+Every module under ``src/tutorial_utils`` is parsed with :mod:`ast` (nothing is imported), so
+this test also covers modules whose heavy dependencies are missing. All ``import`` statements
+count, including the ones inside functions and ``if TYPE_CHECKING:`` blocks: a lazy import
+still ties two modules together, it only moves the failure to run time.
+
+Stages, earliest first (a module may import its own stage and earlier ones)::
+
+    plumbing < data < sim < policies < train < serve < evaluate < report < orchestration
+
+- plumbing: the top-level modules below (``paths``, ``io``, ``jobs``...) and the package's
+  own ``__init__``;
+- a stage sub-package (``tutorial_utils/<stage>/``), its ``__init__`` included;
+- orchestration: ``pipeline``, ``cli`` and ``__main__``, which may import anything.
+
+A new top-level module or sub-package must be given a stage here (the test says so).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "tutorial_utils"
+ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
+
+PLUMBING = ("paths", "io", "profiles", "secrets", "errors", "params", "logs", "machine", "jobs")
+STAGES = ("data", "sim", "policies", "train", "serve", "evaluate", "report")
+ORCHESTRATION = ("pipeline", "cli", "__main__")
+
+# rank of each stage: plumbing 0, the sub-packages 1..7, orchestration last
+RANK = {"plumbing": 0, **{s: i + 1 for i, s in enumerate(STAGES)}, "orchestration": len(STAGES) + 1}
+
+HEAVY = ("torch", "libero", "mujoco", "pyarrow")
+
+
+# --- the graph ------------------------------------------------------------------------------------
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file in the package."""
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = (PACKAGE, *path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _resolve_base(importer: str, level: int, module: str | None) -> str:
+    """The absolute module named by ``from <level dots><module> import ...`` in ``importer``."""
+    if level == 0:
+        return module or ""
+    package = importer if _is_package(importer) else importer.rpartition(".")[0]
+    parts = package.split(".")
+    if level - 1 >= len(parts):
+        raise ValueError(f"{MODULES[importer]}: relative import beyond the top-level package")
+    base = ".".join(parts[: len(parts) - (level - 1)])
+    return f"{base}.{module}" if module else base
+
+
+def _own(name: str) -> str | None:
+    """The package module that ``name`` lands in (itself, or the closest existing parent), or None."""
+    if name != PACKAGE and not name.startswith(PACKAGE + "."):
+        return None
+    while name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def _imports(name: str) -> dict[str, int]:
+    """The package modules that module ``name`` imports -> the line of the first such import."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"), filename=str(MODULES[name]))
+    found: dict[str, int] = {}
+
+    def add(target: str | None, line: int) -> None:
+        if target is not None and target != name:
+            found.setdefault(target, line)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(_own(alias.name), node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve_base(name, node.level, node.module)
+            for alias in node.names:
+                # `from pkg import sub` imports the submodule pkg.sub when there is one
+                full = f"{base}.{alias.name}"
+                add(_own(full) if full in MODULES else _own(base), node.lineno)
+    return found
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def stage_of(name: str) -> str:
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "plumbing"  # the package's own __init__
+    head = parts[1]
+    if head in STAGES:
+        return head
+    if len(parts) == 2 and head in PLUMBING:
+        return "plumbing"
+    if len(parts) == 2 and head in ORCHESTRATION:
+        return "orchestration"
+    raise AssertionError(
+        f"{MODULES[name]}: module {name} has no stage. Add {head!r} to PLUMBING, STAGES or "
+        f"ORCHESTRATION in {Path(__file__).name} (stage order: plumbing < {' < '.join(STAGES)} < orchestration)."
+    )
+
+
+# --- tests ----------------------------------------------------------------------------------------
+def test_graph_sees_the_package():
+    assert f"{PACKAGE}.paths" in MODULES and f"{PACKAGE}.policies" in MODULES
+    assert any(GRAPH.values()), "no import between package modules found: is the parser broken?"
+
+
+def test_every_module_has_a_stage():
+    for name in MODULES:
+        stage_of(name)
+
+
+def _cycles(graph: dict[str, dict[str, int]], limit: int = 50) -> list[list[str]]:
+    """The elementary cycles of ``graph`` (at most ``limit``), each as [a, b, ..., a] starting at
+    its smallest module, shortest first."""
+    order = sorted(graph)
+    cycles: list[list[str]] = []
+
+    def walk(start: str, path: list[str], allowed: set[str]) -> None:
+        for w in sorted(graph[path[-1]]):
+            if len(cycles) >= limit:
+                return
+            if w == start:
+                cycles.append([*path, start])
+            elif w in allowed and w not in path:
+                walk(start, [*path, w], allowed)
+
+    for i, start in enumerate(order):
+        walk(start, [start], set(order[i:]))  # a cycle is found once: from its smallest member
+    return sorted(cycles, key=lambda c: (len(c), c))
+
+
+def test_no_import_cycles():
+    problems = []
+    for cycle in _cycles(GRAPH):
+        steps = [f"{a} -> {b} ({MODULES[a].relative_to(ROOT.parent)}:{GRAPH[a][b]})" for a, b in pairwise(cycle)]
+        problems.append("cycle: " + "; ".join(steps))
+    assert not problems, (
+        "import cycles between package modules (imports inside functions count). Break each one by "
+        "moving the shared piece into the earlier module or a plumbing module:\n  " + "\n  ".join(problems)
+    )
+
+
+def test_no_import_of_a_later_stage():
+    problems = []
+    for importer, targets in sorted(GRAPH.items()):
+        mine = stage_of(importer)
+        for target, line in sorted(targets.items()):
+            theirs = stage_of(target)
+            if RANK[theirs] > RANK[mine]:
+                where = f"{MODULES[importer].relative_to(ROOT.parent)}:{line}"
+                problems.append(f"{where}: {importer} ({mine}) imports {target} ({theirs})")
+    assert not problems, (
+        f"a module imports a later stage (order: plumbing < {' < '.join(STAGES)} < orchestration). Move the "
+        "shared piece to the earlier stage, or pass it in as an argument:\n  " + "\n  ".join(problems)
+    )
+
+
+@pytest.mark.parametrize("module", [PACKAGE, *(f"{PACKAGE}.{s}" for s in STAGES)])
+def test_import_is_light(module):
+    code = (
+        "import importlib, json, sys\n"
+        f"importlib.import_module({module!r})\n"
+        f"heavy = {HEAVY!r}\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"`import {module}` failed:\n{done.stderr}"
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not loaded, (
+        f"`import {module}` loads {', '.join(sorted({m.split('.')[0] for m in loaded}))} ({len(loaded)} modules, e.g. "
+        f"{loaded[0]}); import them inside the functions that need them so importing a stage stays instant."
+    )
+
+
+def test_the_checks_themselves():
+    toy = {"a": {"b": 1}, "b": {"c": 1, "a": 2}, "c": {"a": 1}, "d": {"a": 1}}
+    assert _cycles(toy) == [["a", "b", "a"], ["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b": 1}, "b": {}}) == []
+    assert _resolve_base(f"{PACKAGE}.policies", 1, "base") == f"{PACKAGE}.policies.base"  # in an __init__
+    assert _resolve_base(f"{PACKAGE}.policies.mini", 1, "base") == f"{PACKAGE}.policies.base"
+    assert _resolve_base(f"{PACKAGE}.policies.mini", 2, None) == PACKAGE
+    assert _resolve_base(f"{PACKAGE}.policies.mini", 2, "io") == f"{PACKAGE}.io"
+    assert _own(f"{PACKAGE}.policies.base.Policy") == f"{PACKAGE}.policies.base"
+    assert _own("torch.nn") is None
+    assert stage_of(f"{PACKAGE}.jobs") == "plumbing" and stage_of(f"{PACKAGE}.cli") == "orchestration"
+    assert stage_of(f"{PACKAGE}.train") == "train"
