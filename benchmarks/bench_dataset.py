@@ -41,8 +41,15 @@ def lengths_for(n_episodes: int, total: int, seed: int = 0) -> list[int]:
 
 def build(root: Path, n_episodes: int, total: int, size: int) -> float:
     t0 = time.perf_counter()
-    generate_dataset(root, n_episodes=n_episodes, lengths=lengths_for(n_episodes, total), image_size=size,
-                     n_tasks=10, seed=0, progress=True)
+    generate_dataset(
+        root,
+        n_episodes=n_episodes,
+        lengths=lengths_for(n_episodes, total),
+        image_size=size,
+        n_tasks=10,
+        seed=0,
+        progress=True,
+    )
     return time.perf_counter() - t0
 
 
@@ -79,8 +86,9 @@ def sampling_dataloader(ds: LeRobotDataset, n: int, workers: int) -> float:
     torch.set_num_threads(1)
     fresh = LeRobotDataset(ds.root, verify_videos=False)
     idx = episode_grouped_order(ds.lengths, seed=0)[:n].tolist()
-    dl = torch.utils.data.DataLoader(fresh, batch_size=32, sampler=idx, num_workers=workers,
-                                     collate_fn=lambda b: len(b), persistent_workers=False)
+    dl = torch.utils.data.DataLoader(
+        fresh, batch_size=32, sampler=idx, num_workers=workers, collate_fn=lambda b: len(b), persistent_workers=False
+    )
     t0 = time.perf_counter()
     got = sum(dl)
     assert got == len(idx)
@@ -117,8 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         n_ep, total, n_ep256, total256, n_samples, n_naive = 24, 2_400, 4, 400, 800, 60
     else:
-        n_ep, total, n_ep256, total256, n_samples, n_naive = (LIBERO_SPATIAL_EPISODES, LIBERO_SPATIAL_FRAMES,
-                                                              16, 1_960, 4_000, 200)
+        n_ep, total, n_ep256, total256, n_samples, n_naive = (
+            LIBERO_SPATIAL_EPISODES,
+            LIBERO_SPATIAL_FRAMES,
+            16,
+            1_960,
+            4_000,
+            200,
+        )
     tag = "quick" if args.quick else "full"
     root128 = base / f"{tag}_{n_ep}ep_128"
     root256 = base / f"{tag}_{n_ep256}ep_256"
@@ -163,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     figures["sample_dataloader_2workers_128_per_s"] = round(dl2, 1)
 
     print()
-    print(f"dataset: {n_ep} episodes, {total} frames (built/resumed in {build128_s:.1f} s; "
-          f"256x256 set: {n_ep256} episodes, {total256} frames, {build256_s:.1f} s)")
+    print(
+        f"dataset: {n_ep} episodes, {total} frames (built/resumed in {build128_s:.1f} s; "
+        f"256x256 set: {n_ep256} episodes, {total256} frames, {build256_s:.1f} s)"
+    )
     print()
     print("| statistics + step index            | seconds |")
     print("|------------------------------------|--------:|")
@@ -172,23 +188,36 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| warm (fingerprint cache hit)       | {warm_s:7.4f} |")
     print(f"| reference (pandas concat, upstream)| {ref_s:7.3f} |")
     print(f"| speed-up cold vs reference         | {ref_s / cold_s:6.1f}x |")
-    print(f"(best of {STATS_ROUNDS} alternating rounds; per-round speed-ups "
-          f"{', '.join(f'{r:.1f}x' for r in round_ratios)})")
+    print(
+        f"(best of {STATS_ROUNDS} alternating rounds; per-round speed-ups "
+        f"{', '.join(f'{r:.1f}x' for r in round_ratios)})"
+    )
     print()
     print("| cameras 2x | grouped samples/s | random samples/s | naive samples/s |")
     print("|------------|------------------:|-----------------:|----------------:|")
     for name, g, r, nv in rows:
         print(f"| {name:10} | {g:17.1f} | {r:16.1f} | {nv:15.1f} |")
     print(f"DataLoader, 2 workers, 128x128, grouped sampler: {dl2:.1f} samples/s")
-    figures.update({
-        "mode": tag, "episodes": n_ep, "frames": total, "cpu_count": os.cpu_count(),
-        "load_avg_1min": round(load_before, 2),
-        "build_s": round(build128_s, 2), "stats_cold_s": round(cold_s, 4), "stats_warm_s": round(warm_s, 5),
-        "stats_reference_pandas_s": round(ref_s, 4), "stats_speedup_cold_vs_reference": round(ref_s / cold_s, 1),
-        "stats_speedup_per_round_median": round(float(np.median(round_ratios)), 1),
-        "targets_met": {"cold_10x": ref_s / cold_s >= 10, "warm_lt_50ms": warm_s < 0.05,
-                        "sample_128_ge_500": figures["sample_grouped_128_per_s"] >= 500},
-    })
+    figures.update(
+        {
+            "mode": tag,
+            "episodes": n_ep,
+            "frames": total,
+            "cpu_count": os.cpu_count(),
+            "load_avg_1min": round(load_before, 2),
+            "build_s": round(build128_s, 2),
+            "stats_cold_s": round(cold_s, 4),
+            "stats_warm_s": round(warm_s, 5),
+            "stats_reference_pandas_s": round(ref_s, 4),
+            "stats_speedup_cold_vs_reference": round(ref_s / cold_s, 1),
+            "stats_speedup_per_round_median": round(float(np.median(round_ratios)), 1),
+            "targets_met": {
+                "cold_10x": ref_s / cold_s >= 10,
+                "warm_lt_50ms": warm_s < 0.05,
+                "sample_128_ge_500": figures["sample_grouped_128_per_s"] >= 500,
+            },
+        }
+    )
     print(json.dumps(figures))
     return 0
 

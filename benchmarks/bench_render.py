@@ -23,8 +23,9 @@ def steps_per_s(profile: str | None, steps: int, image_size: int = 128) -> dict:
     from tutorial_utils.sim import libero_env as le
 
     t0 = time.perf_counter()
-    env = le.make_env("libero_spatial", 0, image_size=image_size, render_profile=profile or "fast",
-                      cameras=profile is not None)
+    env = le.make_env(
+        "libero_spatial", 0, image_size=image_size, render_profile=profile or "fast", cameras=profile is not None
+    )
     make_s = time.perf_counter() - t0
     try:
         for _ in range(3):
@@ -38,8 +39,13 @@ def steps_per_s(profile: str | None, steps: int, image_size: int = 128) -> dict:
         images = env.images(obs) if profile is not None else None
     finally:
         env.close()
-    return {"steps_per_s": steps / dt, "ms_per_step": 1000 * dt / steps, "make_s": make_s, "steps": steps,
-            "_images": images}
+    return {
+        "steps_per_s": steps / dt,
+        "ms_per_step": 1000 * dt / steps,
+        "make_s": make_s,
+        "steps": steps,
+        "_images": images,
+    }
 
 
 def episodes_per_hour(workers: int, items: list, image_size: int = 128) -> dict:
@@ -49,12 +55,17 @@ def episodes_per_hour(workers: int, items: list, image_size: int = 128) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         # one init state per task (item list given explicitly keeps the work identical for 1 and 2 workers)
-        cfg = record.RecordConfig(task_ids=cfg.task_ids, episodes_per_task=len(items) // len(cfg.task_ids),
-                                  image_size=image_size)
+        cfg = record.RecordConfig(
+            task_ids=cfg.task_ids, episodes_per_task=len(items) // len(cfg.task_ids), image_size=image_size
+        )
         s = record.record(os.path.join(tmp, "ds"), cfg, workers=workers, progress=False, log=None)
         wall = time.perf_counter() - t0
-    return {"episodes": s["episodes"], "wall_s": wall, "episodes_per_hour": 3600 * s["episodes"] / wall,
-            "frames": s["frames"]}
+    return {
+        "episodes": s["episodes"],
+        "wall_s": wall,
+        "episodes_per_hour": 3600 * s["episodes"] / wall,
+        "frames": s["frames"],
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -62,7 +73,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--quick", action="store_true", help="render profiles only, fewer steps (< 1 min)")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--out", default="", help="also write the JSON here (e.g. logs/record_bench_render.json)")
-    ap.add_argument("--png", default="", help="save the last frames of both profiles side by side (e.g. assets/record_render_profiles.png)")
+    ap.add_argument(
+        "--png",
+        default="",
+        help="save the last frames of both profiles side by side (e.g. assets/record_render_profiles.png)",
+    )
     args = ap.parse_args(argv)
     steps = args.steps or (15 if args.quick else 40)
     load0 = os.getloadavg()
@@ -86,7 +101,9 @@ def main(argv: list[str]) -> int:
         items = [(2, 0), (2, 1), (8, 0), (8, 1)]
         res["record_1_worker"] = episodes_per_hour(1, items)
         res["record_2_workers"] = episodes_per_hour(2, items)
-        res["record_2_vs_1"] = res["record_2_workers"]["episodes_per_hour"] / res["record_1_worker"]["episodes_per_hour"]
+        res["record_2_vs_1"] = (
+            res["record_2_workers"]["episodes_per_hour"] / res["record_1_worker"]["episodes_per_hour"]
+        )
     res["loadavg_before"] = [round(x, 2) for x in load0]
     res["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     res["mujoco_gl"] = os.environ.get("MUJOCO_GL")
@@ -99,17 +116,23 @@ def main(argv: list[str]) -> int:
     if not args.quick:
         for k in ("record_1_worker", "record_2_workers"):
             r = res[k]
-            print(f"{k:<28} {r['episodes']} episodes in {r['wall_s']:.0f} s: {r['episodes_per_hour']:.0f} episodes/hour")
+            print(
+                f"{k:<28} {r['episodes']} episodes in {r['wall_s']:.0f} s: {r['episodes_per_hour']:.0f} episodes/hour"
+            )
         print(f"2 workers vs 1: {res['record_2_vs_1']:.2f}x")
     print(f"load average before/after: {res['loadavg_before']} / {res['loadavg_after']} (2 cores shared)")
-    flat = {"headless_steps_per_s": round(res["headless"]["steps_per_s"], 2),
-            "reference_steps_per_s": round(res["reference"]["steps_per_s"], 2),
-            "fast_steps_per_s": round(res["fast"]["steps_per_s"], 2),
-            "fast_vs_reference": round(res["fast_vs_reference"], 2)}
+    flat = {
+        "headless_steps_per_s": round(res["headless"]["steps_per_s"], 2),
+        "reference_steps_per_s": round(res["reference"]["steps_per_s"], 2),
+        "fast_steps_per_s": round(res["fast"]["steps_per_s"], 2),
+        "fast_vs_reference": round(res["fast_vs_reference"], 2),
+    }
     if not args.quick:
-        flat.update(record_1_worker_episodes_per_hour=round(res["record_1_worker"]["episodes_per_hour"], 1),
-                    record_2_workers_episodes_per_hour=round(res["record_2_workers"]["episodes_per_hour"], 1),
-                    record_2_vs_1=round(res["record_2_vs_1"], 2))
+        flat.update(
+            record_1_worker_episodes_per_hour=round(res["record_1_worker"]["episodes_per_hour"], 1),
+            record_2_workers_episodes_per_hour=round(res["record_2_workers"]["episodes_per_hour"], 1),
+            record_2_vs_1=round(res["record_2_vs_1"], 2),
+        )
     res["summary"] = flat
     if args.out:
         from tutorial_utils.io import atomic_write_json

@@ -23,10 +23,10 @@ import time
 
 import numpy as np
 
-from tutorial_utils.serve.server import HandlerThread, PolicyServer, ServerThread
-from tutorial_utils.serve.client import PolicyClient
-from tutorial_utils.serve.wire import packb
 from tutorial_utils.policies import base as policies
+from tutorial_utils.serve.client import PolicyClient
+from tutorial_utils.serve.server import HandlerThread, ServerThread
+from tutorial_utils.serve.wire import packb
 
 
 def _obs() -> dict:
@@ -91,22 +91,36 @@ def main() -> None:
         client.close()
 
     res = {}
-    print(f"payload: {len(payload) / 1024:.1f} KiB msgpack (2 x 224x224x3 uint8 + state + prompt), {per_block * blocks} requests per side")
+    print(
+        f"payload: {len(payload) / 1024:.1f} KiB msgpack (2 x 224x224x3 uint8 + state + prompt), {per_block * blocks} requests per side"
+    )
     print(f"{'side':<8} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} {'req/s':>8}")
     for side in ("echo", "policy"):
         xs = lat[side]
-        res[side] = {"p50_ms": round(_pct(xs, 50), 3), "p99_ms": round(_pct(xs, 99), 3),
-                     "mean_ms": round(statistics.fmean(xs), 3), "req_per_s": round(len(xs) / wall[side], 1)}
+        res[side] = {
+            "p50_ms": round(_pct(xs, 50), 3),
+            "p99_ms": round(_pct(xs, 99), 3),
+            "mean_ms": round(statistics.fmean(xs), 3),
+            "req_per_s": round(len(xs) / wall[side], 1),
+        }
         r = res[side]
         print(f"{side:<8} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} {r['mean_ms']:>8.3f} {r['req_per_s']:>8.1f}")
     ratio = res["policy"]["p50_ms"] / res["echo"]["p50_ms"]
     print(f"policy p50 / echo p50 = {ratio:.2f} (target <= 1.3)")
     out = {
-        "bench": "serving", "requests_per_side": per_block * blocks, "payload_bytes": len(payload),
-        "echo_p50_ms": res["echo"]["p50_ms"], "echo_p99_ms": res["echo"]["p99_ms"], "echo_req_per_s": res["echo"]["req_per_s"],
-        "policy_p50_ms": res["policy"]["p50_ms"], "policy_p99_ms": res["policy"]["p99_ms"], "policy_req_per_s": res["policy"]["req_per_s"],
-        "p50_ratio_vs_echo": round(ratio, 3), "p99_ratio_vs_echo": round(res["policy"]["p99_ms"] / res["echo"]["p99_ms"], 3),
-        "target_p50_ratio": 1.3, "meets_target": ratio <= 1.3,
+        "bench": "serving",
+        "requests_per_side": per_block * blocks,
+        "payload_bytes": len(payload),
+        "echo_p50_ms": res["echo"]["p50_ms"],
+        "echo_p99_ms": res["echo"]["p99_ms"],
+        "echo_req_per_s": res["echo"]["req_per_s"],
+        "policy_p50_ms": res["policy"]["p50_ms"],
+        "policy_p99_ms": res["policy"]["p99_ms"],
+        "policy_req_per_s": res["policy"]["req_per_s"],
+        "p50_ratio_vs_echo": round(ratio, 3),
+        "p99_ratio_vs_echo": round(res["policy"]["p99_ms"] / res["echo"]["p99_ms"], 3),
+        "target_p50_ratio": 1.3,
+        "meets_target": ratio <= 1.3,
     }
     print(json.dumps(out))
 

@@ -26,6 +26,7 @@ from pathlib import Path
 def _torchvision_import_only() -> None:
     try:
         import torchvision  # noqa: F401
+
         return
     except Exception:  # noqa: BLE001 - missing, or the operator error beside torch 2.13
         pass
@@ -50,11 +51,17 @@ def main(root: Path) -> dict:
     sub = LeRobotDataset("local/check", root=root, episodes=[0, ds.num_episodes - 1], download_videos=False)
     return {
         "lerobot": getattr(lerobot, "__version__", None),
-        "version": str(ds.meta._version), "fps": ds.fps, "robot_type": ds.meta.robot_type,
-        "total_episodes": ds.meta.total_episodes, "total_frames": ds.meta.total_frames,
-        "num_episodes": ds.num_episodes, "num_frames": ds.num_frames,
-        "video_keys": ds.meta.video_keys, "columns": list(ds.hf_dataset.column_names),
-        "episode_from": ds.episode_data_index["from"].tolist(), "episode_to": ds.episode_data_index["to"].tolist(),
+        "version": str(ds.meta._version),
+        "fps": ds.fps,
+        "robot_type": ds.meta.robot_type,
+        "total_episodes": ds.meta.total_episodes,
+        "total_frames": ds.meta.total_frames,
+        "num_episodes": ds.num_episodes,
+        "num_frames": ds.num_frames,
+        "video_keys": ds.meta.video_keys,
+        "columns": list(ds.hf_dataset.column_names),
+        "episode_from": ds.episode_data_index["from"].tolist(),
+        "episode_to": ds.episode_data_index["to"].tolist(),
         "first_row_shapes": {k: list(getattr(v, "shape", [])) for k, v in first.items()},
         "tasks": ds.meta.tasks,
         "stats_action": {k: ds.meta.stats["action"][k].tolist() for k in ("min", "max", "mean", "std")},

@@ -35,12 +35,17 @@ def test_book_build_fails_on_a_failing_cell(tmp_path, failing):
         assert (root / "_build" / "html" / "nb.html").is_file()
 
 
+@pytest.mark.slow
 def test_nbmake_fails_on_a_failing_cell(tmp_path):
     root = _throwaway_book(tmp_path, failing=True)
     twins = book.write_twins(dest=tmp_path / "twins", root=root)
     assert [t.name for t in twins] == ["nb.ipynb"]
-    out = subprocess.run([sys.executable, "-m", "pytest", "--nbmake", "-p", "no:cacheprovider", "-q", str(twins[0])],
-                         capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbmake", "-p", "no:cacheprovider", "-q", str(twins[0])],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert out.returncode == 1, out.stdout
     assert "deliberate failure" in out.stdout
 
@@ -52,12 +57,14 @@ def test_twins_beside_the_sources_do_not_break_the_build(tmp_path):
     assert book.build(root, clean=True) == 0
 
 
+@pytest.mark.slow
 def test_a_chapter_reading_logs_is_re_executed_when_the_logs_change(tmp_path):
     root = _throwaway_book(tmp_path, failing=False)
     (root / "logs").mkdir()
     (root / "logs" / "figure.txt").write_text("first-run-figure")
-    write_notebook(root / "nb.md", [("md", "# A notebook"), ("code", "print(open('logs/figure.txt').read())")],
-                   params="x = 1")
+    write_notebook(
+        root / "nb.md", [("md", "# A notebook"), ("code", "print(open('logs/figure.txt').read())")], params="x = 1"
+    )
     assert book.build(root) == 0
     assert "first-run-figure" in (root / "_build" / "html" / "nb.html").read_text()
     assert book.build(root) == 0  # nothing changed: the cached outputs stay

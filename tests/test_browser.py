@@ -60,9 +60,19 @@ def driver():
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--hide-scrollbars", "--window-size=1280,1600"):
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--window-size=1280,1600",
+    ):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     d = webdriver.Chrome(service=Service(DRIVER), options=opts)
@@ -94,7 +104,9 @@ return out;
 def test_page_loads_cleanly(page, server, driver):
     driver.get_log("browser")  # drop what earlier pages logged
     driver.get(server + page)
-    h1 = driver.execute_script("const h = document.querySelector('main h1, article h1, h1'); return h ? h.textContent.trim() : '';")
+    h1 = driver.execute_script(
+        "const h = document.querySelector('main h1, article h1, h1'); return h ? h.textContent.trim() : '';"
+    )
     assert h1, f"{page}: no <h1> title"
     assert h1.rstrip("#¶ ").strip()[:20] in driver.title, f"{page}: document title {driver.title!r} lacks {h1!r}"
 
@@ -108,14 +120,18 @@ def test_page_loads_cleanly(page, server, driver):
             broken.append(f"{kind} {url}")
     assert not broken, f"{page}: broken local references: {broken}"
     bad_imgs = driver.execute_script(
-        "return [...document.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src);")
+        "return [...document.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src);"
+    )
     assert not bad_imgs, f"{page}: images that did not decode: {bad_imgs}"
 
     if "application/vnd.jupyter.widget-state+json" in driver.page_source:
         driver.implicitly_wait(0)
         import time
+
         for _ in range(50):
-            if driver.execute_script("return document.querySelectorAll('.jupyter-widgets, .widget-box, .widget-slider').length"):
+            if driver.execute_script(
+                "return document.querySelectorAll('.jupyter-widgets, .widget-box, .widget-slider').length"
+            ):
                 break
             time.sleep(0.2)
         else:

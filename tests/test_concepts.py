@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from tutorial_utils.report import concepts as C
-from tutorial_utils.policies import mini as P
 from tutorial_utils.data import synth
+from tutorial_utils.policies import mini as P
+from tutorial_utils.report import concepts as C
 
 torch.set_num_threads(1)
 

@@ -25,10 +25,13 @@ def test_box_distance():
 
 def _priv(obstacle=None):
     boxes = np.zeros((0, 6)) if obstacle is None else np.array([obstacle], dtype=float)
-    return {"object_names": ["akita_black_bowl_1", "plate_1"],
-            "object_pos": np.array([[0.0, 0.0, 0.9], [0.1, 0.2, 0.9]]),
-            "object_quat": np.array([[0, 0, 0, 1.0], [0, 0, 0, 1.0]]),
-            "geom_aabb": boxes, "robot_base": np.array([-0.66, 0, 0.912])}
+    return {
+        "object_names": ["akita_black_bowl_1", "plate_1"],
+        "object_pos": np.array([[0.0, 0.0, 0.9], [0.1, 0.2, 0.9]]),
+        "object_quat": np.array([[0, 0, 0, 1.0], [0, 0, 0, 1.0]]),
+        "geom_aabb": boxes,
+        "robot_base": np.array([-0.66, 0, 0.912]),
+    }
 
 
 def test_grasp_ranking_avoids_obstacles_and_big_yaws():
@@ -53,6 +56,7 @@ def test_unknown_object_is_a_clear_error():
 
 
 @pytest.mark.libero
+@pytest.mark.slow
 def test_one_real_episode_headless_succeeds():
     from tutorial_utils.sim import libero_env as le
 

@@ -13,8 +13,13 @@ from tutorial_utils import jobs
 def job_nb(tmp_path):
     return write_notebook(
         tmp_path / "jobs" / "square.md",
-        [("md", "# Square a number"),
-         ("code", "from pathlib import Path\nout = Path(run_dir) / 'result.json'\nout.write_text(str(n * n))\nprint('squared', n)")],
+        [
+            ("md", "# Square a number"),
+            (
+                "code",
+                "from pathlib import Path\nout = Path(run_dir) / 'result.json'\nout.write_text(str(n * n))\nprint('squared', n)",
+            ),
+        ],
         params="from tutorial_utils.profiles import pick\n\nn = pick(ci=3, cpu=30)\nrun_dir = ''",
     )
 
@@ -83,12 +88,23 @@ def test_failing_cell_raises_and_keeps_the_executed_notebook(tmp_path, runs_dir)
 
 def test_cli_runs_a_job_and_reports_errors(job_nb, tmp_path):
     env_runs = tmp_path / "cli-runs"
-    env = {"TUTORIAL_RUNS_DIR": str(env_runs), "PATH": str(__import__("pathlib").Path(sys.executable).parent) + ":/usr/bin:/bin"}
-    ok = subprocess.run([sys.executable, "-m", "tutorial_utils", "job", "run", str(job_nb), "-p", "n", "5", "--quiet"],
-                        capture_output=True, text=True, env=env)
+    env = {
+        "TUTORIAL_RUNS_DIR": str(env_runs),
+        "PATH": str(__import__("pathlib").Path(sys.executable).parent) + ":/usr/bin:/bin",
+    }
+    ok = subprocess.run(
+        [sys.executable, "-m", "tutorial_utils", "job", "run", str(job_nb), "-p", "n", "5", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert ok.returncode == 0, ok.stderr
     run_dir = next(env_runs.iterdir())
     assert (run_dir / "result.json").read_text() == "25"
-    bad = subprocess.run([sys.executable, "-m", "tutorial_utils", "job", "run", str(job_nb), "-p", "m", "5"],
-                         capture_output=True, text=True, env=env)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tutorial_utils", "job", "run", str(job_nb), "-p", "m", "5"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert bad.returncode == 1 and "unknown parameter(s) m" in bad.stderr

@@ -9,14 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tutorial_utils.data.libero_schema import LIBERO_FPS, LIBERO_ROBOT_TYPE
-from tutorial_utils.data.format import REQUIRED_INFO_KEYS, episode_grouped_order
-from tutorial_utils.data.video import decode_all_frames, encode_video
 from tutorial_utils.data.cli import main
-from tutorial_utils.errors import DatasetError
-from tutorial_utils.data.format import LeRobotDataset, LeRobotWriter
-from tutorial_utils.data.libero_schema import libero_features
+from tutorial_utils.data.format import REQUIRED_INFO_KEYS, LeRobotDataset, LeRobotWriter, episode_grouped_order
+from tutorial_utils.data.libero_schema import LIBERO_FPS, LIBERO_ROBOT_TYPE, libero_features
 from tutorial_utils.data.synth import generate_dataset, synth_episode
+from tutorial_utils.data.video import decode_all_frames, encode_video
+from tutorial_utils.errors import DatasetError
 
 SIZE = 32
 
@@ -44,8 +42,11 @@ def test_libero_features_schema():
     f = libero_features(256)
     assert f["observation.images.image"]["shape"] == [256, 256, 3]
     assert f["observation.images.wrist_image"]["dtype"] == "video"
-    assert f["observation.state"] == {"dtype": "float32", "shape": [8],
-                                      "names": {"motors": ["x", "y", "z", "roll", "pitch", "yaw", "gripper", "gripper"]}}
+    assert f["observation.state"] == {
+        "dtype": "float32",
+        "shape": [8],
+        "names": {"motors": ["x", "y", "z", "roll", "pitch", "yaw", "gripper", "gripper"]},
+    }
     assert f["action"]["shape"] == [7] and f["action"]["dtype"] == "float32"
     for k in ("timestamp", "frame_index", "episode_index", "index", "task_index"):
         assert f[k]["shape"] == [1]
@@ -150,8 +151,7 @@ def test_dataloader_workers(tiny):
     ds.sample(0)  # caches in the parent must not leak into workers
     order = episode_grouped_order(ds.lengths, seed=1)
     assert sorted(order.tolist()) == list(range(len(ds)))
-    dl = torch.utils.data.DataLoader(ds, batch_size=8, sampler=order.tolist(), num_workers=2,
-                                     collate_fn=lambda b: b)
+    dl = torch.utils.data.DataLoader(ds, batch_size=8, sampler=order.tolist(), num_workers=2, collate_fn=lambda b: b)
     n = sum(len(b) for b in dl)
     assert n == len(ds)
 
@@ -295,7 +295,6 @@ def test_unsupported_version(copy, version, hint):
 
 
 def _rewrite_parquet(path, drop=None, replace=None):
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
@@ -414,9 +413,9 @@ def test_seek_random_access_long_episode(tmp_path):
 
 
 def test_a_second_writer_on_the_same_dataset_is_refused(tmp_path):
-    from tutorial_utils.errors import DatasetError
     from tutorial_utils.data.format import LeRobotWriter
     from tutorial_utils.data.libero_schema import libero_features
+    from tutorial_utils.errors import DatasetError
 
     root = tmp_path / "ds"
     first = LeRobotWriter(root, libero_features(32), fps=20)

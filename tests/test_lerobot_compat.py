@@ -28,10 +28,12 @@ SCRIPT = Path(__file__).with_name("lerobot03_load.py")
 def load_with_lerobot(root: Path, tmp_path: Path) -> subprocess.CompletedProcess:
     if not (LEROBOT03 / "lerobot").is_dir():
         pytest.fail(f"{LEROBOT03} is missing: run `make setup` (it installs requirements-lerobot03.txt there)")
-    env = dict(os.environ, PYTHONPATH=str(LEROBOT03), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1")
-    return subprocess.run([sys.executable, str(SCRIPT), str(root)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    env = dict(
+        os.environ, PYTHONPATH=str(LEROBOT03), HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"
+    )
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(root)], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_lerobot_03_loads_our_dataset(tmp_path):
@@ -67,8 +69,9 @@ def test_lerobot_03_rejects_broken_timestamps(tmp_path):
     table = pq.read_table(path)
     ts = table.column("timestamp").to_numpy().copy()
     ts[3:] += 0.5
-    pq.write_table(table.set_column(table.column_names.index("timestamp"), "timestamp",
-                                    pa.array(ts, pa.float32())), path)
+    pq.write_table(
+        table.set_column(table.column_names.index("timestamp"), "timestamp", pa.array(ts, pa.float32())), path
+    )
     proc = load_with_lerobot(root, tmp_path)
     assert proc.returncode != 0
     assert "timestamps" in proc.stderr.lower(), proc.stderr[-3000:]

@@ -20,8 +20,11 @@ def test_flip_rotates_180_degrees():
 def test_state_vector_layout():
     # 90 degrees about z: quat (x, y, z, w) = (0, 0, sin 45, cos 45)
     s = np.sqrt(0.5)
-    obs = {"robot0_eef_pos": np.array([0.1, 0.2, 0.3]), "robot0_eef_quat": np.array([0, 0, s, s]),
-           "robot0_gripper_qpos": np.array([0.04, -0.04])}
+    obs = {
+        "robot0_eef_pos": np.array([0.1, 0.2, 0.3]),
+        "robot0_eef_quat": np.array([0, 0, s, s]),
+        "robot0_gripper_qpos": np.array([0.04, -0.04]),
+    }
     v = le.state_vector(obs)
     assert v.shape == (8,) and v.dtype == np.float32
     np.testing.assert_allclose(v, [0.1, 0.2, 0.3, 0, 0, np.pi / 2, 0.04, -0.04], atol=1e-6)
@@ -79,8 +82,8 @@ def test_libero_config_is_prewritten(tmp_path, monkeypatch):
 
 
 @pytest.mark.libero
+@pytest.mark.slow
 def test_headless_env_and_privileged_observation():
-    import msgpack
     from openpi_client import msgpack_numpy
 
     env = le.make_env("libero_spatial", 0, init_state=1, cameras=False)
@@ -102,6 +105,7 @@ def test_headless_env_and_privileged_observation():
 
 
 @pytest.mark.libero
+@pytest.mark.slow
 def test_rendering_env_fast_profile_images():
     env = le.make_env("libero_spatial", 0, image_size=64, render_profile="fast")
     try:
@@ -117,7 +121,7 @@ def test_rendering_env_fast_profile_images():
         try:
             env.reset()
             headless.reset()
-            for i in range(5):
+            for _ in range(5):
                 a = le.SETTLE_ACTION.copy()
                 a[1] = 0.5
                 o1, *_ = env.step(a)

@@ -11,17 +11,22 @@ import pytest
 from tutorial_utils import logs as L
 
 SERVER_OK = f"""\
-2026-01-01 10:00:00,000 INFO tutorial_utils.serve: {L.SERVER_RUNNING.format(host='127.0.0.1', port=8000)}
-2026-01-01 10:00:00,001 INFO websockets.server: {L.SERVER_LISTENING.format(host='127.0.0.1', port=8000)}
+2026-01-01 10:00:00,000 INFO tutorial_utils.serve: {L.SERVER_RUNNING.format(host="127.0.0.1", port=8000)}
+2026-01-01 10:00:00,001 INFO websockets.server: {L.SERVER_LISTENING.format(host="127.0.0.1", port=8000)}
 2026-01-01 10:00:01,000 INFO websockets.server: {L.SERVER_CONNECTION_OPEN}
-2026-01-01 10:00:01,000 INFO tutorial_utils.serve: {L.SERVER_CONNECTION_FROM.format(addr=('127.0.0.1', 5555))}
-2026-01-01 10:05:00,000 INFO tutorial_utils.serve: {L.SERVER_CONNECTION_CLOSED.format(addr=('127.0.0.1', 5555))}
+2026-01-01 10:00:01,000 INFO tutorial_utils.serve: {L.SERVER_CONNECTION_FROM.format(addr=("127.0.0.1", 5555))}
+2026-01-01 10:05:00,000 INFO tutorial_utils.serve: {L.SERVER_CONNECTION_CLOSED.format(addr=("127.0.0.1", 5555))}
 """
 
 SERVER_NO_CONNECTION = "\n".join(SERVER_OK.splitlines()[:2]) + "\n"
 
 
-def eval_log(tasks=(("pick up the bowl", [True]), ("put the bowl on the plate", [True, False])), finish=True, prefix="", egl=False):
+def eval_log(
+    tasks=(("pick up the bowl", [True]), ("put the bowl on the plate", [True, False])),
+    finish=True,
+    prefix="",
+    egl=False,
+):
     lines, total, ok = [], 0, 0
     for task, results in tasks:
         lines.append(L.EVAL_TASK.format(task=task))
@@ -30,29 +35,45 @@ def eval_log(tasks=(("pick up the bowl", [True]), ("put the bowl on the plate", 
             total += 1
             ok += r
             t_ok += r
-            lines += [L.EVAL_STARTING_EPISODE.format(n=total), L.EVAL_SUCCESS.format(success=r),
-                      L.EVAL_EPISODES_SO_FAR.format(n=total), L.EVAL_SUCCESSES.format(n=ok, pct=ok / total * 100)]
+            lines += [
+                L.EVAL_STARTING_EPISODE.format(n=total),
+                L.EVAL_SUCCESS.format(success=r),
+                L.EVAL_EPISODES_SO_FAR.format(n=total),
+                L.EVAL_SUCCESSES.format(n=ok, pct=ok / total * 100),
+            ]
         lines += [L.EVAL_TASK_RATE.format(rate=t_ok / len(results)), L.EVAL_TOTAL_RATE_SO_FAR.format(rate=ok / total)]
     if finish:
         lines += [L.EVAL_TOTAL_RATE.format(rate=ok / total), L.EVAL_TOTAL_EPISODES.format(n=total)]
     text = "\n".join(prefix + ln for ln in lines) + "\n"
     if egl:
-        text += ("Exception ignored in: <function MjRenderContext.__del__ at 0x7f>\nTraceback (most recent call last):\n"
-                 "  File \"binding_utils.py\", line 199, in __del__\nOpenGL.raw.EGL._errors.EGLError: EGLError(err = EGL_NOT_INITIALIZED)\n")
+        text += (
+            "Exception ignored in: <function MjRenderContext.__del__ at 0x7f>\nTraceback (most recent call last):\n"
+            '  File "binding_utils.py", line 199, in __del__\nOpenGL.raw.EGL._errors.EGLError: EGLError(err = EGL_NOT_INITIALIZED)\n'
+        )
     return text
 
 
-TRAIN_OK = "\n".join([
-    L.TRAIN_TOTAL_PARAMS.format(n=2_345_678, m=2.345678),
-    L.TRAIN_TRAINABLE_PARAMS.format(n=345_678, m=0.345678),
-    L.TRAIN_FROZEN_PARAMS.format(n=2_000_000, m=2.0),
-    L.TRAIN_RATIO.format(pct=14.74),
-    L.TRAIN_TOTAL_STEPS.format(n=2),
-    L.TRAIN_DATALOADER_LEN.format(n=52970),
-    L.TRAIN_STEP_LOSS.format(run_id="smoke", step=1, losses={"action_dit_loss": 1.25, "future_video_loss": 0.5, "total_loss": 1.75}),
-    "INFO | " + L.TRAIN_STEP_LOSS.format(run_id="smoke", step=2, losses="{'action_dit_loss': nan, 'total_loss': tensor(0.9)}"),
-    L.TRAIN_COMPLETE.format(path="runs/x/final_model"),
-]) + "\n"
+TRAIN_OK = (
+    "\n".join(
+        [
+            L.TRAIN_TOTAL_PARAMS.format(n=2_345_678, m=2.345678),
+            L.TRAIN_TRAINABLE_PARAMS.format(n=345_678, m=0.345678),
+            L.TRAIN_FROZEN_PARAMS.format(n=2_000_000, m=2.0),
+            L.TRAIN_RATIO.format(pct=14.74),
+            L.TRAIN_TOTAL_STEPS.format(n=2),
+            L.TRAIN_DATALOADER_LEN.format(n=52970),
+            L.TRAIN_STEP_LOSS.format(
+                run_id="smoke", step=1, losses={"action_dit_loss": 1.25, "future_video_loss": 0.5, "total_loss": 1.75}
+            ),
+            "INFO | "
+            + L.TRAIN_STEP_LOSS.format(
+                run_id="smoke", step=2, losses="{'action_dit_loss': nan, 'total_loss': tensor(0.9)}"
+            ),
+            L.TRAIN_COMPLETE.format(path="runs/x/final_model"),
+        ]
+    )
+    + "\n"
+)
 
 
 def _run(tmp_path, **files):
@@ -64,13 +85,16 @@ def _run(tmp_path, **files):
 # --- patterns and parsers -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("const,values", [
-    ("EVAL_TASK", {"task": "pick up the black bowl: then stop"}),
-    ("EVAL_SUCCESSES", {"n": 9, "pct": 90.0}),
-    ("TRAIN_TOTAL_PARAMS", {"n": 1_234_567, "m": 1.234567}),
-    ("SERVER_LISTENING", {"host": "127.0.0.1", "port": 8000}),
-    ("EVAL_STARTING_EPISODE", {"n": 12}),
-])
+@pytest.mark.parametrize(
+    "const,values",
+    [
+        ("EVAL_TASK", {"task": "pick up the black bowl: then stop"}),
+        ("EVAL_SUCCESSES", {"n": 9, "pct": 90.0}),
+        ("TRAIN_TOTAL_PARAMS", {"n": 1_234_567, "m": 1.234567}),
+        ("SERVER_LISTENING", {"host": "127.0.0.1", "port": 8000}),
+        ("EVAL_STARTING_EPISODE", {"n": 12}),
+    ],
+)
 def test_pattern_roundtrip(const, values):
     fmt = getattr(L, const)
     m = L.pattern(fmt).search("2026-01-01 INFO prefix: " + fmt.format(**values))
@@ -97,8 +121,12 @@ def test_parse_eval_log_from_path(tmp_path):
 
 
 def test_parse_server_log():
-    res = L.parse_server_log(SERVER_OK + "x WARNING tutorial_utils.serve: "
-                             + L.SERVER_REQUEST_ERROR.format(addr="a", error="ObservationError: missing key") + "\n")
+    res = L.parse_server_log(
+        SERVER_OK
+        + "x WARNING tutorial_utils.serve: "
+        + L.SERVER_REQUEST_ERROR.format(addr="a", error="ObservationError: missing key")
+        + "\n"
+    )
     assert res["running"] and res["listening"] == ["127.0.0.1:8000"]
     assert res["connections_open"] == 1 and res["connections_closed"] == 1
     assert res["request_errors"] == ["ObservationError: missing key"]
@@ -109,7 +137,10 @@ def test_parse_train_log():
     res = L.parse_train_log(TRAIN_OK)
     assert res["total_params"] == 2_345_678 and res["frozen_params"] == 2_000_000 and res["trainable_ratio"] == 14.74
     assert res["total_steps"] == 2 and res["dataloader_len"] == 52970 and res["run_id"] == "smoke"
-    assert res["steps"][0] == {"step": 1, "losses": {"action_dit_loss": 1.25, "future_video_loss": 0.5, "total_loss": 1.75}}
+    assert res["steps"][0] == {
+        "step": 1,
+        "losses": {"action_dit_loss": 1.25, "future_video_loss": 0.5, "total_loss": 1.75},
+    }
     assert res["steps"][1]["losses"]["total_loss"] == 0.9
     assert res["steps"][1]["losses"]["action_dit_loss"] != res["steps"][1]["losses"]["action_dit_loss"]  # nan
     assert res["final_model"] == "runs/x/final_model"
@@ -151,7 +182,7 @@ def test_diagnose_listening_but_no_connection(tmp_path):
 
 
 def test_diagnose_connected_but_no_tasks(tmp_path):
-    ev = "Traceback (most recent call last):\n  File \"libero_env.py\"\ntutorial_utils.sim.libero_env.GLBackendError: no offscreen GL backend works\n"
+    ev = 'Traceback (most recent call last):\n  File "libero_env.py"\ntutorial_utils.sim.libero_env.GLBackendError: no offscreen GL backend works\n'
     d = _run(tmp_path, server__log=SERVER_OK, eval_libero_spatial__log=ev)
     assert d.failed_stage == "LIBERO setup"
     assert any("LIBERO_CONFIG_PATH" in c for c in d.causes) and any("EGL" in c or "GL" in c for c in d.causes)
@@ -159,8 +190,10 @@ def test_diagnose_connected_but_no_tasks(tmp_path):
 
 
 def test_diagnose_server_died_mid_evaluation(tmp_path):
-    ev = eval_log(finish=False) + ("Starting episode 4...\nTraceback (most recent call last):\n  File \"evaluate.py\"\n"
-                                   "tutorial_utils.serve.ServerDied: the policy server closed the connection\n")
+    ev = eval_log(finish=False) + (
+        'Starting episode 4...\nTraceback (most recent call last):\n  File "evaluate.py"\n'
+        "tutorial_utils.serve.ServerDied: the policy server closed the connection\n"
+    )
     d = _run(tmp_path, server__log=SERVER_OK, eval_libero_spatial__log=ev)
     assert d.failed_stage == "evaluation" and not d.signs["total success rate"]
     assert "ServerDied" in d.causes[0]
@@ -184,11 +217,14 @@ def test_diagnose_promoted_files_by_name(tmp_path):
 # --- diagnosis: training -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("keep,stage,cause", [
-    (0, "model setup", "xxx.yaml"),
-    (6, "data loading", "logging_frequency"),
-    (8, "training", "killed"),
-])
+@pytest.mark.parametrize(
+    "keep,stage,cause",
+    [
+        (0, "model setup", "xxx.yaml"),
+        (6, "data loading", "logging_frequency"),
+        (8, "training", "killed"),
+    ],
+)
 def test_diagnose_training_stages(tmp_path, keep, stage, cause):
     text = "\n".join(TRAIN_OK.splitlines()[:keep]) + "\n"
     d = _run(tmp_path, train__log=text)
@@ -211,7 +247,12 @@ def test_diagnose_empty_and_missing(tmp_path):
 def test_cli(tmp_path):
     (tmp_path / "server.log").write_text(SERVER_OK)
     (tmp_path / "eval_libero_spatial.log").write_text(eval_log())
-    run = lambda *a: subprocess.run([sys.executable, "-m", "tutorial_utils", "logs", *a], capture_output=True, text=True, timeout=60)
+
+    def run(*a):
+        return subprocess.run(
+            [sys.executable, "-m", "tutorial_utils", "logs", *a], capture_output=True, text=True, timeout=60
+        )
+
     ok = run("diagnose", str(tmp_path))
     assert ok.returncode == 0 and "verdict: OK" in ok.stdout
     js = run("diagnose", str(tmp_path), "--json")

@@ -8,14 +8,17 @@ def _gpu(gb):
     return Accelerator("cuda", 0, "GPU", gb, 1.0, 3.0, 40.0, "test")
 
 
-@pytest.mark.parametrize("accs,level,needle", [
-    ([_gpu(47.7)], "ok", "enough"),            # an L40 reports a little under 48 GB
-    ([_gpu(80)], "ok", "enough"),
-    ([_gpu(40)], "tight", "below the recommended 48 GB"),
-    ([_gpu(24)], "small", "likely to run out of memory"),
-    ([Accelerator("cpu", 0, "cpu")], "none", "mini path runs on this CPU"),
-    ([Accelerator("mps", 0, "mps")], "none", "Apple MPS"),
-])
+@pytest.mark.parametrize(
+    "accs,level,needle",
+    [
+        ([_gpu(47.7)], "ok", "enough"),  # an L40 reports a little under 48 GB
+        ([_gpu(80)], "ok", "enough"),
+        ([_gpu(40)], "tight", "below the recommended 48 GB"),
+        ([_gpu(24)], "small", "likely to run out of memory"),
+        ([Accelerator("cpu", 0, "cpu")], "none", "mini path runs on this CPU"),
+        ([Accelerator("mps", 0, "mps")], "none", "Apple MPS"),
+    ],
+)
 def test_vram_verdict(accs, level, needle):
     got, msg = machine.vram_verdict(accs)
     assert got == level and needle in msg
@@ -47,7 +50,9 @@ def test_proxy_credentials_are_masked(monkeypatch):
 
 
 def test_gl_verdict_names_the_debian_packages():
-    pick, msg = machine.gl_verdict({"egl": {"ok": False, "detail": "x", "package": ""}, "osmesa": {"ok": False, "detail": "y", "package": ""}})
+    pick, msg = machine.gl_verdict(
+        {"egl": {"ok": False, "detail": "x", "package": ""}, "osmesa": {"ok": False, "detail": "y", "package": ""}}
+    )
     assert pick is None and "libosmesa6" in msg and "libegl1" in msg
 
 

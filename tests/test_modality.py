@@ -8,7 +8,13 @@ import shutil
 
 import pytest
 
-from tutorial_utils.data.modality import LIBERO_MODALITY, ModalityError, build_modality, modality_table, validate_modality
+from tutorial_utils.data.modality import (
+    LIBERO_MODALITY,
+    ModalityError,
+    build_modality,
+    modality_table,
+    validate_modality,
+)
 from tutorial_utils.data.synth import generate_dataset
 
 
@@ -22,11 +28,20 @@ def test_libero_preset_is_dit4dit_mapping(tiny, tmp_path):
     m = build_modality(root)
     assert json.loads((root / "meta/modality.json").read_text()) == m == LIBERO_MODALITY
     assert [(k, v["start"], v["end"]) for k, v in m["state"].items()] == [
-        ("x", 0, 1), ("y", 1, 2), ("z", 2, 3), ("roll", 3, 4), ("pitch", 4, 5), ("yaw", 5, 6),
-        ("pad", 6, 7), ("gripper", 7, 8)]
+        ("x", 0, 1),
+        ("y", 1, 2),
+        ("z", 2, 3),
+        ("roll", 3, 4),
+        ("pitch", 4, 5),
+        ("yaw", 5, 6),
+        ("pad", 6, 7),
+        ("gripper", 7, 8),
+    ]
     assert m["action"]["gripper"] == {"start": 6, "end": 7} and len(m["action"]) == 7
-    assert m["video"] == {"primary_image": {"original_key": "observation.images.image"},
-                          "wrist_image": {"original_key": "observation.images.wrist_image"}}
+    assert m["video"] == {
+        "primary_image": {"original_key": "observation.images.image"},
+        "wrist_image": {"original_key": "observation.images.wrist_image"},
+    }
     assert m["annotation"] == {"human.action.task_description": {"original_key": "task_index"}}
     summary = validate_modality(root)
     assert summary["uncovered"] == {} and summary["state"]["gripper"] == ("observation.state", 7, 8)
@@ -52,23 +67,41 @@ def _bad(**edits):
     return m
 
 
-@pytest.mark.parametrize("edits,match", [
-    ({"state__gripper__end": 9}, r"\[state\.gripper\]: slice \[7:9\] is outside observation\.state .*Fix: use 0 <= start < end <= 8"),
-    ({"action__gripper__start": -1}, r"\[action\.gripper\]: slice"),
-    ({"state__pad__end": 6}, r"\[state\.pad\]: slice \[6:6\]"),
-    ({"state__yaw__end": 7}, r"\[state\.pad\]: slice \[6:7\] of observation\.state overlaps state\.yaw"),
-    ({"state__extra": {"start": 0, "end": 2}}, r"\[state\.extra\]: .*overlaps state\.x.*Fix: make the slices disjoint"),
-    ({"state__x__original_key": "observation.joints"}, r"\[state\.x\]: original_key 'observation\.joints' is not a feature"),
-    ({"state__x__original_key": "observation.images.image"}, r"\[state\.x\]: .*is a video feature"),
-    ({"state__x__dtype": "text"}, r"\[state\.x\]: dtype 'text'"),
-    ({"state__x__start": "0"}, r"\[state\.x\]: 'start' must be an integer"),
-    ({"state__x__absolute": "yes"}, r"\[state\.x\]: absolute must be true or false"),
-    ({"state__roll__rotation_type": "spin"}, r"\[state\.roll\]: rotation_type 'spin'"),
-    ({"state__x__colour": "red"}, r"\[state\.x\]: unknown fields \['colour'\]"),
-    ({"video__primary_image": {"original_key": "observation.state"}}, r"\[video\.primary_image\]: .*not a video"),
-    ({"video__primary_image": {"original_key": "observation.images.front"}}, r"\[video\.primary_image\]: original_key"),
-    ({"annotation__human.action.task_description": {"original_key": "language"}}, r"\[annotation\.human\.action\.task_description\]"),
-])
+@pytest.mark.parametrize(
+    "edits,match",
+    [
+        (
+            {"state__gripper__end": 9},
+            r"\[state\.gripper\]: slice \[7:9\] is outside observation\.state .*Fix: use 0 <= start < end <= 8",
+        ),
+        ({"action__gripper__start": -1}, r"\[action\.gripper\]: slice"),
+        ({"state__pad__end": 6}, r"\[state\.pad\]: slice \[6:6\]"),
+        ({"state__yaw__end": 7}, r"\[state\.pad\]: slice \[6:7\] of observation\.state overlaps state\.yaw"),
+        (
+            {"state__extra": {"start": 0, "end": 2}},
+            r"\[state\.extra\]: .*overlaps state\.x.*Fix: make the slices disjoint",
+        ),
+        (
+            {"state__x__original_key": "observation.joints"},
+            r"\[state\.x\]: original_key 'observation\.joints' is not a feature",
+        ),
+        ({"state__x__original_key": "observation.images.image"}, r"\[state\.x\]: .*is a video feature"),
+        ({"state__x__dtype": "text"}, r"\[state\.x\]: dtype 'text'"),
+        ({"state__x__start": "0"}, r"\[state\.x\]: 'start' must be an integer"),
+        ({"state__x__absolute": "yes"}, r"\[state\.x\]: absolute must be true or false"),
+        ({"state__roll__rotation_type": "spin"}, r"\[state\.roll\]: rotation_type 'spin'"),
+        ({"state__x__colour": "red"}, r"\[state\.x\]: unknown fields \['colour'\]"),
+        ({"video__primary_image": {"original_key": "observation.state"}}, r"\[video\.primary_image\]: .*not a video"),
+        (
+            {"video__primary_image": {"original_key": "observation.images.front"}},
+            r"\[video\.primary_image\]: original_key",
+        ),
+        (
+            {"annotation__human.action.task_description": {"original_key": "language"}},
+            r"\[annotation\.human\.action\.task_description\]",
+        ),
+    ],
+)
 def test_bad_entries(tiny, edits, match):
     with pytest.raises(ModalityError, match=match):
         validate_modality(tiny, _bad(**edits))

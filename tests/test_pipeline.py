@@ -3,16 +3,32 @@
 import json
 
 from conftest import write_notebook
-from tutorial_utils import jobs, logs, pipeline
+from tutorial_utils import logs, pipeline
 from tutorial_utils.report import promote, train_report
 
 
 def _stage_notebooks(folder):
-    write_notebook(folder / "make.md", [("code", "from tutorial_utils import jobs\njobs.update_status(run_dir, success_signs={'dataset': f'/data/{n}'})")],
-                   params="n = 3\nrun_dir = ''")
-    write_notebook(folder / "use.md", [("code", "from pathlib import Path\nPath(run_dir, 'used.txt').write_text(dataset)\n"
-                                                "from tutorial_utils import jobs\njobs.update_status(run_dir, used=dataset)")],
-                   params="dataset = ''\nrun_dir = ''")
+    write_notebook(
+        folder / "make.md",
+        [
+            (
+                "code",
+                "from tutorial_utils import jobs\njobs.update_status(run_dir, success_signs={'dataset': f'/data/{n}'})",
+            )
+        ],
+        params="n = 3\nrun_dir = ''",
+    )
+    write_notebook(
+        folder / "use.md",
+        [
+            (
+                "code",
+                "from pathlib import Path\nPath(run_dir, 'used.txt').write_text(dataset)\n"
+                "from tutorial_utils import jobs\njobs.update_status(run_dir, used=dataset)",
+            )
+        ],
+        params="dataset = ''\nrun_dir = ''",
+    )
 
 
 def test_chain_passes_outputs_and_reuses_finished_runs(tmp_path, runs_dir, monkeypatch):
@@ -56,8 +72,14 @@ def test_smoke_test_signs_seen_and_missing(tmp_path):
     (tmp_path / "train.log").write_text(LOG)
     signs = train_report.smoke_test_signs(logs.parse_train_log(tmp_path / "train.log"), steps=2)
     assert all(r["seen"] for r in signs)
-    (tmp_path / "train.log").write_text("\n".join(l for l in LOG.splitlines() if "Step 2" not in l and "complete" not in l))
-    missing = [r["sign"] for r in train_report.smoke_test_signs(logs.parse_train_log(tmp_path / "train.log"), steps=2) if not r["seen"]]
+    (tmp_path / "train.log").write_text(
+        "\n".join(line for line in LOG.splitlines() if "Step 2" not in line and "complete" not in line)
+    )
+    missing = [
+        r["sign"]
+        for r in train_report.smoke_test_signs(logs.parse_train_log(tmp_path / "train.log"), steps=2)
+        if not r["seen"]
+    ]
     assert missing == ["Step 2, Loss: {...}", "Training complete. Final model saved"]
 
 
@@ -81,12 +103,20 @@ def test_for_book_makes_this_machines_paths_portable(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "REPO", repo)
     monkeypatch.setattr(paths, "RUNS", repo / "runs")
     monkeypatch.setattr(paths, "DATA", tmp_path / "disk" / "data")  # TUTORIAL_DATA_DIR outside the repo
-    got = paths.for_book({"ckpt": f"{repo}/runs/r1/checkpoints/best", "n": 3,
-                          "cmd": ["--data", f"{tmp_path}/disk/data/ds", "--home", "/root/.cache/x"],
-                          "line": f"loading {repo}/runs/r1/final_model at step 3"})
-    assert got == {"ckpt": "runs/r1/checkpoints/best", "n": 3,
-                   "cmd": ["--data", "$TUTORIAL_DATA_DIR/ds", "--home", "/root/.cache/x"],
-                   "line": "loading runs/r1/final_model at step 3"}
+    got = paths.for_book(
+        {
+            "ckpt": f"{repo}/runs/r1/checkpoints/best",
+            "n": 3,
+            "cmd": ["--data", f"{tmp_path}/disk/data/ds", "--home", "/root/.cache/x"],
+            "line": f"loading {repo}/runs/r1/final_model at step 3",
+        }
+    )
+    assert got == {
+        "ckpt": "runs/r1/checkpoints/best",
+        "n": 3,
+        "cmd": ["--data", "$TUTORIAL_DATA_DIR/ds", "--home", "/root/.cache/x"],
+        "line": "loading runs/r1/final_model at step 3",
+    }
     assert paths.for_book(f"{repo}other/x") == f"{repo}other/x"  # a sibling folder is not the repository
 
 
@@ -117,7 +147,12 @@ def test_promote_puts_the_recording_card_and_its_first_episode_in_logs_and_asset
     (tmp_path / "assets").mkdir()
     ctx = {"profile": "cpu", "dataset": str(ds), "timings": [{"stage": "record", "run_s": 12.5}]}
     out = {p.name for p in pipeline.promote(ctx)}
-    assert out == {"record_dataset.json", "record_episode.json", "record_episode_primary.mp4", "record_episode_wrist.mp4"}
+    assert out == {
+        "record_dataset.json",
+        "record_episode.json",
+        "record_episode_primary.mp4",
+        "record_episode_wrist.mp4",
+    }
     card = json.loads((tmp_path / "logs" / "record_dataset.json").read_text())
     assert card["total_episodes"] == 2 and card["job_wall_s"] == 12.5
     assert (tmp_path / "assets" / "record_episode_primary.mp4").stat().st_size > 0

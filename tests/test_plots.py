@@ -9,9 +9,9 @@ matplotlib.use("Agg")
 import numpy as np
 import pytest
 
-from tutorial_utils.report import plots
 from tutorial_utils.data.format import LeRobotDataset
 from tutorial_utils.data.synth import generate_dataset
+from tutorial_utils.report import plots
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +36,17 @@ def test_traces_without_images_and_fps():
 
 
 def test_stats_and_timings_figures():
-    stats = {"a": {"mean": [0, 1], "std": [1, 1], "min": [-2, -1], "max": [2, 3], "q01": [-1, 0], "q99": [1, 2],
-                   "mask": [True, False]}}
+    stats = {
+        "a": {
+            "mean": [0, 1],
+            "std": [1, 1],
+            "min": [-2, -1],
+            "max": [2, 3],
+            "q01": [-1, 0],
+            "q99": [1, 2],
+            "mask": [True, False],
+        }
+    }
     assert len(plots.stats_figure(stats, ["a"]).get_axes()) == 1
     fig = plots.timings_figure({"cold": 0.5, "warm": 0.001})
     assert fig.get_axes()[0].get_xscale() == "log"

@@ -8,19 +8,27 @@ import numpy as np
 import pytest
 import torch
 
-from tutorial_utils.policies.normalize import ActionNormalizer, read_statistics
-from tutorial_utils.policies.base import CheckpointError
-from tutorial_utils.policies.normalize import StatisticsError
-from tutorial_utils.policies.mini import MiniPolicy, PolicyConfig, StateEncoder, _beta_sample
 from tutorial_utils.policies import load as load_policy
-from tutorial_utils.policies.checkpoint import load_weights_into
 from tutorial_utils.policies import make_policy as serve_policy
+from tutorial_utils.policies.base import CheckpointError
+from tutorial_utils.policies.checkpoint import load_weights_into
+from tutorial_utils.policies.mini import MiniPolicy, PolicyConfig, StateEncoder, _beta_sample
+from tutorial_utils.policies.normalize import ActionNormalizer, StatisticsError, read_statistics
 
 torch.set_num_threads(1)
 
-STATS = {"franka": {"action": {"min": [-0.5, -1, -1, -0.2, -0.2, -0.2, -1], "max": [0.5, 1, 1, 0.2, 0.2, 0.2, 1],
-                               "mask": [True] * 6 + [False]},
-                    "state": {}, "num_trajectories": 1, "num_transitions": 1}}
+STATS = {
+    "franka": {
+        "action": {
+            "min": [-0.5, -1, -1, -0.2, -0.2, -0.2, -1],
+            "max": [0.5, 1, 1, 0.2, 0.2, 0.2, 1],
+            "mask": [True] * 6 + [False],
+        },
+        "state": {},
+        "num_trajectories": 1,
+        "num_transitions": 1,
+    }
+}
 SMALL = dict(image_size=32, model_dim=32, num_heads=2, action_depth=2, vocab_size=256, max_words=8)
 
 
@@ -50,14 +58,29 @@ def test_shapes_and_module_split():
     out = p.loss(b, torch.Generator().manual_seed(0))
     assert out["total_loss"].ndim == 0 and torch.isfinite(out["total_loss"])
     assert p.sample(b).shape == (4, 8, 7)
-    chunk = p.predict_action(b["observation.images.image"][0], b["observation.images.wrist_image"][0], b["observation.state"][0], "pick up the bowl", seed=1)
+    chunk = p.predict_action(
+        b["observation.images.image"][0],
+        b["observation.images.wrist_image"][0],
+        b["observation.state"][0],
+        "pick up the bowl",
+        seed=1,
+    )
     assert chunk.shape == (8, 7) and chunk.dtype == np.float32
     names = p.module_names()
-    for n in ("backbone", "action_model", "backbone.primary_encoder", "backbone.wrist_encoder",
-              "backbone.language_encoder", "backbone.state_encoder", "action_model.blocks"):
+    for n in (
+        "backbone",
+        "action_model",
+        "backbone.primary_encoder",
+        "backbone.wrist_encoder",
+        "backbone.language_encoder",
+        "backbone.state_encoder",
+        "action_model.blocks",
+    ):
         assert n in names
     c = p.parameter_counts()
-    assert c["total"] == sum(x.numel() for x in p.backbone.parameters()) + sum(x.numel() for x in p.action_model.parameters())
+    assert c["total"] == sum(x.numel() for x in p.backbone.parameters()) + sum(
+        x.numel() for x in p.action_model.parameters()
+    )
 
 
 def test_state_encoder_is_sincos_16():
@@ -183,8 +206,12 @@ def test_serving_adapter(tmp_path):
     ck = make_policy().save(tmp_path / "ck", {"dataset": {"image_size": 48, "gripper": "robosuite"}})
     sp = serve_policy("mini", ck)
     b = make_batch(1)
-    obs = {"observation/image": b["observation.images.image"][0], "observation/wrist_image": b["observation.images.wrist_image"][0],
-           "observation/state": b["observation.state"][0], "prompt": "pick up the bowl"}
+    obs = {
+        "observation/image": b["observation.images.image"][0],
+        "observation/wrist_image": b["observation.images.wrist_image"][0],
+        "observation/state": b["observation.state"][0],
+        "prompt": "pick up the bowl",
+    }
     out = sp.infer(obs)
     assert out["actions"].shape == (8, 7) and out["actions"].dtype == np.float32
     assert np.array_equal(out["actions"], sp.infer(obs)["actions"])  # seeded noise: deterministic

@@ -59,8 +59,18 @@ class ConstantPolicy(nn.Module, TrainablePolicy):
 
 
 TINY_MLP = {"image_size": 16, "pool": 2, "hidden_dim": 16, "task_buckets": 8}
-RUN = {"batch_size": 4, "log_freq": 5, "eval_freq": 10, "save_freq": 10, "num_workers": 0, "progress": False,
-       "scheduler_warmup_steps": 0, "val_fraction": 0.2, "val_samples": 8, "augment_shift": 0}
+RUN = {
+    "batch_size": 4,
+    "log_freq": 5,
+    "eval_freq": 10,
+    "save_freq": 10,
+    "num_workers": 0,
+    "progress": False,
+    "scheduler_warmup_steps": 0,
+    "val_fraction": 0.2,
+    "val_samples": 8,
+    "augment_shift": 0,
+}
 
 
 def test_registry_lists_and_refuses_clearly():
@@ -86,8 +96,9 @@ def test_training_config_routes_family_parameters():
 def test_a_family_registered_in_a_test_trains_saves_and_serves(tmp_path):
     policies.register(ConstantPolicy.name, ConstantPolicy)
     src = synthetic_source(n_episodes=5, length=12, image_size=16)
-    cfg = TrainConfig.from_overrides({**RUN, "policy": ConstantPolicy.name, "steps": 20, "optimizer_lr": 0.05,
-                                      "output_dir": str(tmp_path / "run")})
+    cfg = TrainConfig.from_overrides(
+        {**RUN, "policy": ConstantPolicy.name, "steps": 20, "optimizer_lr": 0.05, "output_dir": str(tmp_path / "run")}
+    )
     res = train(cfg, source=src)
     assert res.steps_done == 20 and res.summary["policy"] == ConstantPolicy.name
     assert res.losses[-1][1] < res.losses[0][1]
@@ -95,8 +106,12 @@ def test_a_family_registered_in_a_test_trains_saves_and_serves(tmp_path):
     model = policies.load(last)
     assert isinstance(model, ConstantPolicy)
     served = policies.make_policy(ConstantPolicy.name, checkpoint=str(last))
-    obs = {"observation/image": np.zeros((16, 16, 3), np.uint8), "observation/wrist_image": np.zeros((16, 16, 3), np.uint8),
-           "observation/state": np.zeros(8, np.float32), "prompt": "x"}
+    obs = {
+        "observation/image": np.zeros((16, 16, 3), np.uint8),
+        "observation/wrist_image": np.zeros((16, 16, 3), np.uint8),
+        "observation/state": np.zeros(8, np.float32),
+        "prompt": "x",
+    }
     assert served.infer(obs)["actions"].shape == (4, 7)
     assert served.metadata["policy"] == ConstantPolicy.name and served.metadata["image_size"] == 16
 
@@ -118,7 +133,9 @@ def test_mlp_trains_through_the_same_loop_and_resumes_exactly(tmp_path):
         if step == 10:
             os.kill(os.getpid(), signal.SIGTERM)  # the loop finishes the step, saves and stops
 
-    half = train(TrainConfig.from_overrides({**base, "output_dir": str(tmp_path / "b")}), source=src, on_step=stop_at_10)
+    half = train(
+        TrainConfig.from_overrides({**base, "output_dir": str(tmp_path / "b")}), source=src, on_step=stop_at_10
+    )
     rest = train(TrainConfig.from_overrides({**base, "resume": True, "output_dir": str(tmp_path / "b")}), source=src)
     assert half.stopped_by == "SIGTERM" and half.steps_done == 10 and rest.steps_done == 20
     assert half.losses + rest.losses == full.losses  # bit-identical
@@ -137,15 +154,23 @@ def test_mlp_end_to_end_train_job_serve_and_one_libero_episode(tmp_path):
     from tutorial_utils.train import job
 
     run = tmp_path / "train"
-    res = job.run_job(run, dataset="synthetic", policy="mlp", steps=20, **{k: v for k, v in RUN.items()},
-                      **TINY_MLP)
+    res = job.run_job(run, dataset="synthetic", policy="mlp", steps=20, **{k: v for k, v in RUN.items()}, **TINY_MLP)
     assert res.steps_done == 20
     status = jobs.read_status(run)
     assert all(status["success_signs"].values()) and status["train"]["policy"] == "mlp"
     ckpt = status["train"]["last_checkpoint"]
-    out = chain.run_job(tmp_path / "eval", policy="mlp", checkpoint=ckpt, task_ids="0", max_steps=16, videos=False,
-                        server_timeout=120, client_timeout=600)
+    out = chain.run_job(
+        tmp_path / "eval",
+        policy="mlp",
+        checkpoint=ckpt,
+        task_ids="0",
+        max_steps=16,
+        videos=False,
+        server_timeout=120,
+        client_timeout=600,
+    )
     assert out.diagnosis.ok, out.diagnosis
     assert out.results["finished"] and out.results["total_episodes"] == 1
-    assert out.results["policy"]["policy"] == "mlp" and out.results["policy"]["gripper"] == "dataset"
+    meta = out.results["policy"]  # what the server announced: actions already in the env convention
+    assert meta["policy"] == "mlp" and meta["gripper"] == "robosuite" and meta["policy_gripper"] == "dataset"
     assert out.results["tasks"][0]["episodes"][0]["steps"] == 16  # an untrained baseline does not solve it

@@ -1,5 +1,4 @@
 import json
-import os
 
 import pytest
 
@@ -63,7 +62,9 @@ def test_import_is_light():
     import subprocess
     import sys
 
-    code = "import sys, tutorial_utils, tutorial_utils.profiles, tutorial_utils.paths, tutorial_utils.logs; " \
-           "heavy = [m for m in ('torch', 'pyarrow', 'libero', 'mujoco', 'matplotlib', 'pandas') if m in sys.modules]; print(heavy)"
+    code = (
+        "import sys, tutorial_utils, tutorial_utils.profiles, tutorial_utils.paths, tutorial_utils.logs; "
+        "heavy = [m for m in ('torch', 'pyarrow', 'libero', 'mujoco', 'matplotlib', 'pandas') if m in sys.modules]; print(heavy)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

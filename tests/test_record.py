@@ -30,8 +30,15 @@ def fake_item(cfg, item):
         "observation.images.image": rng.integers(0, 255, size=(t, SIZE, SIZE, 3), dtype=np.uint8),
         "observation.images.wrist_image": rng.integers(0, 255, size=(t, SIZE, SIZE, 3), dtype=np.uint8),
     }
-    return {"task_id": task_id, "init_state": init, "task": f"task {task_id}", "success": init != 99,
-            "frames": frames, "length": t, "noops_dropped": 0}
+    return {
+        "task_id": task_id,
+        "init_state": init,
+        "task": f"task {task_id}",
+        "success": init != 99,
+        "frames": frames,
+        "length": t,
+        "noops_dropped": 0,
+    }
 
 
 def cfg(**kw):
@@ -99,8 +106,13 @@ def test_a_failure_midway_leaves_a_valid_dataset(tmp_path, monkeypatch):
 
 
 def test_failed_items_are_skipped_and_counted(tmp_path):
-    s = rec.record(tmp_path / "ds", cfg(task_ids=(0,), episodes_per_task=1, init_state_offset=99),
-                   episode_fn=fake_item, progress=False, log=None)
+    s = rec.record(
+        tmp_path / "ds",
+        cfg(task_ids=(0,), episodes_per_task=1, init_state_offset=99),
+        episode_fn=fake_item,
+        progress=False,
+        log=None,
+    )
     assert s["episodes"] == 0 and s["failed"] == 1 and s["success_rate"] == 0.0
 
 
@@ -163,8 +175,13 @@ def test_replay_drops_noops():
 
         def _obs(self):
             img = np.full((8, 8, 3), self.t, dtype=np.uint8)
-            return {"robot0_eef_pos": np.zeros(3) + self.t, "robot0_eef_quat": np.array([0, 0, 0, 1.0]),
-                    "robot0_gripper_qpos": np.zeros(2), "agentview_image": img, "robot0_eye_in_hand_image": img}
+            return {
+                "robot0_eef_pos": np.zeros(3) + self.t,
+                "robot0_eef_quat": np.array([0, 0, 0, 1.0]),
+                "robot0_gripper_qpos": np.zeros(2),
+                "agentview_image": img,
+                "robot0_eye_in_hand_image": img,
+            }
 
         def step(self, a):
             self.t += 1
@@ -183,12 +200,14 @@ def test_replay_drops_noops():
 
 
 @pytest.mark.libero
+@pytest.mark.slow
 def test_one_real_recorded_episode(tmp_path):
     from tutorial_utils.data.format import LeRobotDataset
 
     root = tmp_path / "real"
-    s = rec.record(root, rec.RecordConfig(task_ids=(2,), episodes_per_task=1, image_size=SIZE),
-                   progress=False, log=None)
+    s = rec.record(
+        root, rec.RecordConfig(task_ids=(2,), episodes_per_task=1, image_size=SIZE), progress=False, log=None
+    )
     assert s["episodes"] == 1 and s["noops_dropped"] >= 1  # at least the expert's first settle action
     ds = LeRobotDataset(root)
     assert ds.num_episodes == 1 and ds.num_frames == s["frames"]
@@ -213,7 +232,9 @@ def test_parse_task_ids_and_output_dir(tmp_path):
         parse_task_ids("4-2")
     assert rec.RecordConfig(task_ids="0-1", episodes_per_task=2).items() == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert rec.resolve_output_dir("run", tmp_path, "libero_spatial", 128) == tmp_path / "dataset"
-    assert rec.resolve_output_dir("", tmp_path, "libero_spatial", 128).name == "libero_spatial_no_noops_expert_128_lerobot"
+    assert (
+        rec.resolve_output_dir("", tmp_path, "libero_spatial", 128).name == "libero_spatial_no_noops_expert_128_lerobot"
+    )
 
 
 def test_schema_report_against_ipec(tmp_path):

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, write_notebook
 from tutorial_utils import jobs, secrets
 
@@ -21,9 +23,15 @@ def test_redact_masks_env_values_and_token_shapes(monkeypatch):
 
 
 def test_doctor_never_prints_the_token(monkeypatch):
-    env = {"HF_TOKEN": FAKE, "HUGGING_FACE_HUB_TOKEN": FAKE, "PATH": "/usr/bin:/bin",
-           "HTTPS_PROXY": "http://user:proxypass123@proxy.local:3128"}
-    out = subprocess.run([sys.executable, "-m", "tutorial_utils", "doctor", "--no-gl"], capture_output=True, text=True, env=env)
+    env = {
+        "HF_TOKEN": FAKE,
+        "HUGGING_FACE_HUB_TOKEN": FAKE,
+        "PATH": "/usr/bin:/bin",
+        "HTTPS_PROXY": "http://user:proxypass123@proxy.local:3128",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "tutorial_utils", "doctor", "--no-gl"], capture_output=True, text=True, env=env
+    )
     text = out.stdout + out.stderr
     assert "HF_TOKEN=set" in text
     assert FAKE not in text and "proxypass123" not in text
@@ -34,8 +42,10 @@ def test_job_outputs_never_hold_the_token(tmp_path, runs_dir, monkeypatch):
     # a careless notebook that prints the token and writes it into its status
     nb = write_notebook(
         tmp_path / "leaky.md",
-        [("code", "import os\nprint('token is', os.environ['HF_TOKEN'])"),
-         ("code", "from tutorial_utils import jobs\njobs.update_status(run_dir, note=os.environ['HF_TOKEN'])")],
+        [
+            ("code", "import os\nprint('token is', os.environ['HF_TOKEN'])"),
+            ("code", "from tutorial_utils import jobs\njobs.update_status(run_dir, note=os.environ['HF_TOKEN'])"),
+        ],
         params="run_dir = ''",
     )
     res = jobs.run_notebook(nb)
@@ -43,6 +53,7 @@ def test_job_outputs_never_hold_the_token(tmp_path, runs_dir, monkeypatch):
     assert "token is ***" in (res.run_dir / "job.log").read_text()
 
 
+@pytest.mark.slow
 def test_machine_check_chapter_never_shows_the_token(runs_dir, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", FAKE)
     res = jobs.run_notebook(REPO / "notebooks" / "01_machine_check.md")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -15,13 +14,21 @@ import numpy as np
 import pytest
 
 from tutorial_utils import logs
-from tutorial_utils.serve.server import HandlerThread, ServerThread, free_port
-from tutorial_utils.serve.client import PolicyClient, check_health, wait_for_health
-from tutorial_utils.serve.protocol import PortInUse, ServerDied, ServerError, ServerUnavailable, reply_actions, to_policy_observation, to_request
-from tutorial_utils.serve.wire import packb, unpackb
-from tutorial_utils.policies.expert import ExpertPolicy
-from tutorial_utils.policies.base import PolicyUnavailable, ZeroPolicy
 from tutorial_utils.policies import available, make_policy
+from tutorial_utils.policies.base import PolicyUnavailable, ZeroPolicy
+from tutorial_utils.policies.expert import ExpertPolicy
+from tutorial_utils.serve.client import PolicyClient, check_health, wait_for_health
+from tutorial_utils.serve.protocol import (
+    PortInUse,
+    ServerDied,
+    ServerError,
+    ServerUnavailable,
+    reply_actions,
+    to_policy_observation,
+    to_request,
+)
+from tutorial_utils.serve.server import HandlerThread, ServerThread, free_port
+from tutorial_utils.serve.wire import packb, unpackb
 
 
 def _obs(size: int = 224) -> dict:
@@ -44,7 +51,8 @@ def _start_cli_server(port: int, log_path, policy: str = "zero") -> subprocess.P
     fh = open(log_path, "w")
     return subprocess.Popen(
         [sys.executable, "-m", "tutorial_utils", "serve", "--policy", policy, "--port", str(port)],
-        stdout=fh, stderr=subprocess.STDOUT,
+        stdout=fh,
+        stderr=subprocess.STDOUT,
     )
 
 
@@ -54,7 +62,13 @@ def _start_cli_server(port: int, log_path, policy: str = "zero") -> subprocess.P
 def test_pack_roundtrip_and_openpi_framing():
     from openpi_client import msgpack_numpy
 
-    msg = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.float64(1.5), "i": np.int32(7), "t": "x", "n": [1, 2]}
+    msg = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "s": np.float64(1.5),
+        "i": np.int32(7),
+        "t": "x",
+        "n": [1, 2],
+    }
     for data in (packb(msg), msgpack_numpy.packb(msg)):
         for back in (unpackb(data), msgpack_numpy.unpackb(data)):
             np.testing.assert_array_equal(back["a"], msg["a"])
@@ -158,14 +172,76 @@ def test_missing_observation_key(server):
 
 def test_wrong_image_shape(server):
     obs = _obs()
-    obs["observation/image"] = np.zeros((128, 128, 3), np.uint8)
+    obs["observation/image"] = np.zeros((128, 96, 3), np.uint8)  # any size is resized to the policy's
     with PolicyClient(port=server.port) as client:
-        with pytest.raises(ServerError, match=r"observation/image.*\(224, 224, 3\).*\(128, 128, 3\)"):
-            client.infer(obs)
+        assert client.infer(obs)["actions"].shape == (8, 7)
         obs["observation/image"] = np.zeros((224, 224), np.uint8)
-        with pytest.raises(ServerError, match=r"\(H, W, 3\)"):
+        with pytest.raises(ServerError, match=r"observation/image.*\(H, W, 3\)"):
+            client.infer(obs)
+        obs["observation/image"] = np.zeros((224, 224, 3), np.float32)
+        with pytest.raises(ServerError, match=r"observation/image.*uint8"):
             client.infer(obs)
         assert client.infer(_obs())["actions"].shape == (8, 7)
+
+
+class DatasetGripperPolicy(ZeroPolicy):
+    """A stub trained-policy: 64x64 inputs, actions in the LIBERO datasets' gripper convention
+    (+1 open, -1 close); keeps the observations it receives."""
+
+    name = "dataset-stub"
+    GRIPPER = np.array([1.0, -1.0, 0.3, -0.2], np.float32)
+
+    def __init__(self):
+        super().__init__(horizon=4, image_size=64)
+        self.seen = []
+
+    @property
+    def metadata(self):
+        return {**super().metadata, "gripper": "dataset"}
+
+    def infer(self, obs):
+        self.seen.append(obs)
+        a = np.tile(np.arange(7, dtype=np.float32) / 10, (4, 1))
+        a[:, 6] = self.GRIPPER
+        return {"actions": a}
+
+
+def test_openpi_request_resized_and_answered_in_env_convention():
+    """openpi's client sends 224x224 images and passes `actions` straight to env.step: the server
+    resizes to the policy's 64 with data.images.resize and flips a dataset-convention gripper."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from tutorial_utils.data.images import resize
+    from tutorial_utils.data.libero_schema import dataset_action_to_env
+
+    pol = DatasetGripperPolicy()
+    obs = _obs(224)
+    with ServerThread(pol) as srv:
+        client = WebsocketClientPolicy("127.0.0.1", srv.port)
+        meta = client.get_server_metadata()
+        assert meta["gripper"] == "robosuite" and meta["policy_gripper"] == "dataset" and meta["image_size"] == 64
+        actions = client.infer(obs)["actions"]
+        with PolicyClient(port=srv.port, protocol="dit4dit") as ours:
+            dit = reply_actions(ours.infer(obs))
+    seen = pol.seen[0]
+    for key in ("observation/image", "observation/wrist_image"):
+        assert seen[key].shape == (64, 64, 3) and seen[key].dtype == np.uint8
+        np.testing.assert_array_equal(seen[key], resize(obs[key], 64))
+    assert actions.shape == (4, 7) and actions.dtype == np.float32
+    np.testing.assert_array_equal(actions[:, 6], [-1.0, 1.0, -1.0, 1.0])  # robosuite: -1 open, +1 close
+    np.testing.assert_allclose(actions[:, :6], np.tile(np.arange(6) / 10, (4, 1)), rtol=1e-6)
+    np.testing.assert_array_equal(actions, dataset_action_to_env(pol.infer(obs)["actions"]))
+    np.testing.assert_array_equal(dit[:, 6], DatasetGripperPolicy.GRIPPER)  # DiT4DiT: the policy's own convention
+
+
+def test_server_refuses_unknown_gripper_convention():
+    class Weird(ZeroPolicy):
+        @property
+        def metadata(self):
+            return {**super().metadata, "gripper": "upside-down"}
+
+    with pytest.raises(ValueError, match="gripper.*upside-down.*robosuite.*dataset"):
+        ServerThread(Weird())
 
 
 # --- faults -------------------------------------------------------------------------------------------
@@ -219,7 +295,9 @@ def test_port_already_in_use(tmp_path):
             ServerThread(ZeroPolicy(), port=port).start()
         proc = subprocess.run(
             [sys.executable, "-m", "tutorial_utils", "serve", "--policy", "zero", "--port", str(port)],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert proc.returncode == 2
         assert "already in use" in proc.stderr
@@ -298,9 +376,13 @@ def test_expert_policy_fresh_controller_per_episode(monkeypatch):
     monkeypatch.setattr(expert, "ScriptedExpert", FakeExpert)
     pol = ExpertPolicy()
     for ep in ("a", "a", "b"):
-        out = pol.infer({"privileged": {"episode_id": ep, "task_info": {"objects_of_interest": ["bowl", "plate"]}, "obs": {}}})
+        out = pol.infer(
+            {"privileged": {"episode_id": ep, "task_info": {"objects_of_interest": ["bowl", "plate"]}, "obs": {}}}
+        )
     assert out["actions"].shape == (1, 7) and out["actions"].dtype == np.float32
-    assert len(made) == 2 and made[0].resets == [{"objects_of_interest": ["bowl", "plate"]}] and len(made[1].resets) == 1
+    assert (
+        len(made) == 2 and made[0].resets == [{"objects_of_interest": ["bowl", "plate"]}] and len(made[1].resets) == 1
+    )
 
 
 def test_mini_policy_served_from_a_checkpoint(tmp_path):
@@ -309,15 +391,22 @@ def test_mini_policy_served_from_a_checkpoint(tmp_path):
     from tutorial_utils.policies import mini as P
 
     torch.set_num_threads(1)
-    stats = {"franka": {"action": {"min": [-1] * 7, "max": [1] * 7, "mask": [True] * 6 + [False]},
-                        "state": {}, "num_trajectories": 1, "num_transitions": 1}}
+    stats = {
+        "franka": {
+            "action": {"min": [-1] * 7, "max": [1] * 7, "mask": [True] * 6 + [False]},
+            "state": {},
+            "num_trajectories": 1,
+            "num_transitions": 1,
+        }
+    }
     cfg = P.PolicyConfig(image_size=32, model_dim=32, num_heads=2, action_depth=2, vocab_size=256, max_words=8)
     ck = P.MiniPolicy(cfg, stats).save(tmp_path / "ck", {"dataset": {"image_size": 32, "gripper": "dataset"}})
     pol = make_policy("mini", checkpoint=str(ck))
     with ServerThread(pol) as srv, PolicyClient(port=srv.port) as client:
         md = client.metadata
-        assert md["policy"] == "mini" and md["image_size"] == 32 and md["gripper"] == "dataset" and not md["needs_privileged"]
+        assert md["policy"] == "mini" and md["image_size"] == 32 and not md["needs_privileged"]
+        assert md["gripper"] == "robosuite" and md["policy_gripper"] == "dataset"  # the server flips for openpi
         reply = client.infer(_obs(32))
         assert reply["actions"].shape == (md["action_horizon"], 7)
-        with pytest.raises(ServerError, match=r"\(32, 32, 3\)"):
-            client.infer(_obs(224))
+        assert set(np.unique(reply["actions"][:, 6])) <= {-1.0, 1.0}
+        assert client.infer(_obs(224))["actions"].shape == (md["action_horizon"], 7)  # resized by the server

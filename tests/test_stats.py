@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from tutorial_utils.data import stats as st
-from tutorial_utils.errors import DatasetError
 from tutorial_utils.data.format import LeRobotDataset, LeRobotWriter
 from tutorial_utils.data.libero_schema import libero_features
 from tutorial_utils.data.synth import generate_dataset, synth_episode
+from tutorial_utils.errors import DatasetError
 
 
 @pytest.fixture
@@ -52,8 +52,14 @@ def test_pkl_only_on_request(root):
     st.compute_all(root, write_pkl=True)
     raw = (root / st.STEPS_PKL_PATH).read_bytes()
     payload = pickle.loads(raw)  # the test reads a pickle the project itself just wrote
-    assert set(payload) == {"config_key", "steps", "num_trajectories", "total_steps", "computed_timestamp",
-                            "delete_pause_frame"}
+    assert set(payload) == {
+        "config_key",
+        "steps",
+        "num_trajectories",
+        "total_steps",
+        "computed_timestamp",
+        "delete_pause_frame",
+    }
     assert payload["steps"][0] == (0, 0) and payload["total_steps"] == len(payload["steps"])
 
 
@@ -159,13 +165,21 @@ def test_bad_parquet_files_are_named(root4):
             np.testing.assert_allclose(res["stats_gr00t"][col][k], ref[col][k], rtol=1e-9, atol=1e-12)
 
     ep2.write_bytes(good)  # another writer marks a column non-nullable: same values, read as usual
-    _rewrite(ep2, lambda t: t.cast(t.schema.set(t.schema.get_field_index("frame_index"),
-                                                t.schema.field("frame_index").with_nullable(False))))
+    _rewrite(
+        ep2,
+        lambda t: t.cast(
+            t.schema.set(t.schema.get_field_index("frame_index"), t.schema.field("frame_index").with_nullable(False))
+        ),
+    )
     assert st.max_difference(st.compute_all(root4, force=True)["stats_gr00t"], ref) < 1e-9
 
     ep2.write_bytes(good)
-    _rewrite(ep2, lambda t: t.set_column(t.column_names.index("frame_index"), "frame_index",
-                                         pc.cast(t.column("frame_index"), pa.float64())))
+    _rewrite(
+        ep2,
+        lambda t: t.set_column(
+            t.column_names.index("frame_index"), "frame_index", pc.cast(t.column("frame_index"), pa.float64())
+        ),
+    )
     with pytest.raises(DatasetError, match="column type double differs from int64") as e:
         st.compute_all(root4, force=True)
     assert e.value.file == str(ep2) and e.value.key == "frame_index"
@@ -176,9 +190,14 @@ def test_bad_parquet_files_are_named(root4):
     assert e.value.file == str(ep2)
 
     ep2.write_bytes(good)
-    _rewrite(ep2, lambda t: t.set_column(t.column_names.index("action"), "action",
-                                         pa.array([row[:5] for row in t.column("action").to_pylist()],
-                                                  pa.list_(pa.float32()))))
+    _rewrite(
+        ep2,
+        lambda t: t.set_column(
+            t.column_names.index("action"),
+            "action",
+            pa.array([row[:5] for row in t.column("action").to_pylist()], pa.list_(pa.float32())),
+        ),
+    )
     with pytest.raises(DatasetError, match="column type") as e:  # list<float> vs fixed_size_list[7]
         st.compute_all(root4, force=True)
     assert e.value.file == str(ep2) and e.value.key == "action"

@@ -26,10 +26,24 @@ def test_generate_sizes_deterministic_and_resumable(tmp_path):
     assert ds.features["observation.images.image"]["shape"] == libero_features(32)["observation.images.image"]["shape"]
     assert all(9 <= n <= 15 for n in ds.lengths)
     # same seed -> same low-dim data; an interrupted generation resumes to the same result
-    b = generate_dataset(tmp_path / "b", n_episodes=2, mean_length=12, image_size=32, n_tasks=3, seed=5,
-                         lengths=[int(x) for x in ds.lengths[:2]])
-    b = generate_dataset(tmp_path / "b", n_episodes=4, mean_length=12, image_size=32, n_tasks=3, seed=5,
-                         lengths=[int(x) for x in ds.lengths])
+    b = generate_dataset(
+        tmp_path / "b",
+        n_episodes=2,
+        mean_length=12,
+        image_size=32,
+        n_tasks=3,
+        seed=5,
+        lengths=[int(x) for x in ds.lengths[:2]],
+    )
+    b = generate_dataset(
+        tmp_path / "b",
+        n_episodes=4,
+        mean_length=12,
+        image_size=32,
+        n_tasks=3,
+        seed=5,
+        lengths=[int(x) for x in ds.lengths],
+    )
     db = LeRobotDataset(b)
     for i in range(4):
         np.testing.assert_array_equal(ds.episode(i).state, db.episode(i).state)

@@ -16,22 +16,31 @@ import numpy as np
 import pytest
 import torch
 
+from tutorial_utils.errors import ConfigError
+from tutorial_utils.logs import parse_train_log
+from tutorial_utils.policies import load as load_policy
 from tutorial_utils.policies.base import CheckpointError
 from tutorial_utils.policies.mini import MiniPolicy
-from tutorial_utils.policies import load as load_policy
-from tutorial_utils.errors import ConfigError
+from tutorial_utils.train.cli import main
 from tutorial_utils.train.config import DatasetNotReady, TrainConfig, parameters_table, parse_overrides
 from tutorial_utils.train.data import StepBatchSampler, open_dataset, random_shift, split_episodes, synthetic_source
-from tutorial_utils.train.loop import lr_factor, train
-from tutorial_utils.train.cli import main
 from tutorial_utils.train.job import metrics_table, resolve_dataset, run_job
-from tutorial_utils.logs import parse_train_log
+from tutorial_utils.train.loop import lr_factor, train
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-TINY = dict(image_size=32, model_dim=32, num_heads=2, action_depth=1, language_layers=0, num_workers=0,
-            scheduler_warmup_steps=2, progress=False, val_samples=16)
+TINY = dict(
+    image_size=32,
+    model_dim=32,
+    num_heads=2,
+    action_depth=1,
+    language_layers=0,
+    num_workers=0,
+    scheduler_warmup_steps=2,
+    progress=False,
+    val_samples=16,
+)
 
 
 def cfg(tmp_path, name="run", **kw) -> TrainConfig:
@@ -47,17 +56,46 @@ def source():
 
 
 def test_parameters_and_aliases():
-    c = TrainConfig.from_overrides(["per_device_batch_size=4", "trainer.max_train_steps=20", "save_interval=7",
-                                      "eval_interval=5", "logging_frequency=1", "freeze_modules=backbone",
-                                      "save_checkpoint=false", "optimizer_lr=3e-4", "optimizer_betas=0.9,0.99"])
+    c = TrainConfig.from_overrides(
+        [
+            "per_device_batch_size=4",
+            "trainer.max_train_steps=20",
+            "save_interval=7",
+            "eval_interval=5",
+            "logging_frequency=1",
+            "freeze_modules=backbone",
+            "save_checkpoint=false",
+            "optimizer_lr=3e-4",
+            "optimizer_betas=0.9,0.99",
+        ]
+    )
     assert (c.batch_size, c.steps, c.save_freq, c.eval_freq, c.log_freq) == (4, 20, 7, 5, 1)
     assert c.freeze_list == ["backbone"] and c.save_checkpoint is False and c.optimizer_lr == 3e-4
     assert c.optimizer_betas == (0.9, 0.99)
     table = parameters_table()
-    for name in ("batch_size", "steps", "seed", "num_workers", "eval_freq", "log_freq", "save_freq", "save_checkpoint",
-                 "optimizer_lr", "optimizer_weight_decay", "optimizer_grad_clip_norm", "scheduler_warmup_steps",
-                 "scheduler_decay_steps", "data_mix", "per_device_batch_size", "pretrained_checkpoint",
-                 "freeze_modules", "max_train_steps", "save_interval", "eval_interval", "logging_frequency"):
+    for name in (
+        "batch_size",
+        "steps",
+        "seed",
+        "num_workers",
+        "eval_freq",
+        "log_freq",
+        "save_freq",
+        "save_checkpoint",
+        "optimizer_lr",
+        "optimizer_weight_decay",
+        "optimizer_grad_clip_norm",
+        "scheduler_warmup_steps",
+        "scheduler_decay_steps",
+        "data_mix",
+        "per_device_batch_size",
+        "pretrained_checkpoint",
+        "freeze_modules",
+        "max_train_steps",
+        "save_interval",
+        "eval_interval",
+        "logging_frequency",
+    ):
         assert f"`{name}`" in table
 
 
@@ -75,11 +113,15 @@ def test_unknown_parameter_is_a_clear_error():
 
 
 def test_random_shift_is_seeded_and_keeps_shapes():
-    b = {"observation.images.image": torch.randint(0, 255, (3, 16, 16, 3), dtype=torch.uint8),
-         "observation.images.wrist_image": torch.zeros(3, 16, 16, 3, dtype=torch.uint8)}
+    b = {
+        "observation.images.image": torch.randint(0, 255, (3, 16, 16, 3), dtype=torch.uint8),
+        "observation.images.wrist_image": torch.zeros(3, 16, 16, 3, dtype=torch.uint8),
+    }
     a1 = random_shift(b, 2, torch.Generator().manual_seed(1))
     a2 = random_shift(b, 2, torch.Generator().manual_seed(1))
-    assert a1["observation.images.image"].shape == (3, 3, 16, 16) and torch.equal(a1["observation.images.image"], a2["observation.images.image"])
+    assert a1["observation.images.image"].shape == (3, 3, 16, 16) and torch.equal(
+        a1["observation.images.image"], a2["observation.images.image"]
+    )
     assert float(a1["observation.images.image"].max()) <= 1.0
 
 
@@ -91,8 +133,15 @@ def test_unknown_module_in_freeze_modules(tmp_path, source):
 
 
 def test_lr_schedule():
-    c = TrainConfig.from_overrides({"steps": 100, "scheduler_warmup_steps": 10, "scheduler_decay_steps": 80,
-                                      "optimizer_lr": 1e-4, "scheduler_decay_lr": 1e-5})
+    c = TrainConfig.from_overrides(
+        {
+            "steps": 100,
+            "scheduler_warmup_steps": 10,
+            "scheduler_decay_steps": 80,
+            "optimizer_lr": 1e-4,
+            "scheduler_decay_lr": 1e-5,
+        }
+    )
     f = [lr_factor(s, c) for s in range(100)]
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
     assert f[10] == pytest.approx(1.0) and f[90] == pytest.approx(0.1) and f[99] == pytest.approx(0.1)
@@ -126,14 +175,18 @@ def test_validation_episodes_are_spread_over_the_dataset_not_its_end():
 
 def test_train_writes_a_self_describing_run(tmp_path, source, monkeypatch):
     monkeypatch.delenv("KEEP_FINAL_MODEL", raising=False)
-    res = train(cfg(tmp_path, steps=6, batch_size=2, log_freq=1, eval_freq=3, save_freq=3, freeze_modules="backbone"),
-                  source=source)
+    res = train(
+        cfg(tmp_path, steps=6, batch_size=2, log_freq=1, eval_freq=3, save_freq=3, freeze_modules="backbone"),
+        source=source,
+    )
     out = res.output_dir
     for f in ("train_config.json", "dataset_statistics.json", "train.log", "metrics.jsonl", "summary.json"):
         assert (out / f).is_file(), f
     log = parse_train_log(out / "train.log")
     assert log["total_params"] == res.summary["parameters"]["total"] > log["trainable_params"] > 0
-    assert log["frozen_params"] > 0 and log["total_steps"] == 6 and [s["step"] for s in log["steps"]] == [1, 2, 3, 4, 5, 6]
+    assert (
+        log["frozen_params"] > 0 and log["total_steps"] == 6 and [s["step"] for s in log["steps"]] == [1, 2, 3, 4, 5, 6]
+    )
     assert "action_dit_loss" in log["steps"][0]["losses"] and log["final_model"].endswith("final_model")
     text = (out / "train.log").read_text()
     assert "Removed final_model" in text and not (out / "final_model").exists()
@@ -146,7 +199,9 @@ def test_train_writes_a_self_describing_run(tmp_path, source, monkeypatch):
     assert (ck / "last").is_symlink() and (ck / "last").resolve().name == "step_000006"
     assert (ck / "step_000003").is_dir() and (ck / "best").is_dir()
     pol = load_policy(ck / "best")
-    assert pol.predict_action(np.zeros((32, 32, 3), np.uint8), np.zeros((32, 32, 3), np.uint8), np.zeros(8), "x").shape == (8, 7)
+    assert pol.predict_action(
+        np.zeros((32, 32, 3), np.uint8), np.zeros((32, 32, 3), np.uint8), np.zeros(8), "x"
+    ).shape == (8, 7)
     # the frozen backbone did not move
     torch.manual_seed(1000)  # the default seed: train() builds the policy right after seeding
     init = MiniPolicy(TrainConfig.from_overrides({**TINY}).policy_config, source.statistics)
@@ -216,12 +271,28 @@ def test_dataset_without_modality_or_statistics(tmp_path):
 def test_two_step_smoke_test_on_a_lerobot_dataset(tmp_path, capsys):
     """The smoke test of the chapter: steps 2, batch 1, on a real v2.1 dataset through the CLI."""
     from tutorial_utils.data import modality, stats, synth
+
     root = synth.generate_dataset(tmp_path / "ds", n_episodes=3, mean_length=12, image_size=32)
     modality.build_modality(root)
     stats.compute_all(root)
     out = tmp_path / "run"
-    rc = main(["--dataset", str(root), "--output-dir", str(out), "steps=2", "batch_size=1", "logging_frequency=1",
-                 "image_size=32", "model_dim=32", "num_heads=2", "action_depth=1", "num_workers=0", "progress=false"])
+    rc = main(
+        [
+            "--dataset",
+            str(root),
+            "--output-dir",
+            str(out),
+            "steps=2",
+            "batch_size=1",
+            "logging_frequency=1",
+            "image_size=32",
+            "model_dim=32",
+            "num_heads=2",
+            "action_depth=1",
+            "num_workers=0",
+            "progress=false",
+        ]
+    )
     assert rc == 0
     log = parse_train_log(out / "train.log")
     assert [s["step"] for s in log["steps"]] == [1, 2] and log["final_model"]
@@ -263,12 +334,25 @@ def _wait_for(pred, timeout=60.0, proc=None):
     return False
 
 
+@pytest.mark.slow
 def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path):
     out = tmp_path / "run"
-    kv = {**TINY, "output_dir": str(out), "steps": 100000, "batch_size": 1, "log_freq": 1, "eval_freq": 0, "save_freq": 0}
-    proc = subprocess.Popen([PY, str(_script(tmp_path)), json.dumps(kv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kv = {
+        **TINY,
+        "output_dir": str(out),
+        "steps": 100000,
+        "batch_size": 1,
+        "log_freq": 1,
+        "eval_freq": 0,
+        "save_freq": 0,
+    }
+    proc = subprocess.Popen(
+        [PY, str(_script(tmp_path)), json.dumps(kv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
-        assert _wait_for(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size > 0, proc=proc)
+        assert _wait_for(
+            lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size > 0, proc=proc
+        )
         proc.send_signal(signal.SIGTERM)
         stdout, _ = proc.communicate(timeout=60)
     finally:
@@ -280,15 +364,28 @@ def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path):
     load_policy(out / "checkpoints/last")
 
 
+@pytest.mark.slow
 def test_kill_9_during_a_checkpoint_write_keeps_the_previous_last(tmp_path, source):
     out = tmp_path / "run"
-    kv = {**TINY, "output_dir": str(out), "steps": 100000, "batch_size": 1, "log_freq": 0, "eval_freq": 0, "save_freq": 2}
+    kv = {
+        **TINY,
+        "output_dir": str(out),
+        "steps": 100000,
+        "batch_size": 1,
+        "log_freq": 0,
+        "eval_freq": 0,
+        "save_freq": 2,
+    }
     env = {**os.environ, "TUTORIAL_TRAIN_SAVE_DELAY": "1.0"}
-    proc = subprocess.Popen([PY, str(_script(tmp_path)), json.dumps(kv)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [PY, str(_script(tmp_path)), json.dumps(kv)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     ck = out / "checkpoints"
     try:
         assert _wait_for(lambda: (ck / "last").exists(), proc=proc)  # the first save is complete
-        assert _wait_for(lambda: any(p.name.startswith(".step_000004") for p in ck.iterdir()), proc=proc)  # second one mid-write
+        assert _wait_for(
+            lambda: any(p.name.startswith(".step_000004") for p in ck.iterdir()), proc=proc
+        )  # second one mid-write
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -308,11 +405,27 @@ def _free_port() -> int:
 def _accelerate_two_processes(tmp_path, kv):
     """The `accelerate launch` command line (2 CPU processes, DDP) for the training script, and its env."""
     accelerate = Path(PY).with_name("accelerate")
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(_script(tmp_path)), json.dumps(kv)]
+    cmd = [
+        str(accelerate),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        str(_script(tmp_path)),
+        json.dumps(kv),
+    ]
     return cmd, {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_accelerate_launch_two_processes(tmp_path):
     out = tmp_path / "run"
     kv = {**TINY, "output_dir": str(out), "steps": 4, "batch_size": 2, "log_freq": 1, "eval_freq": 2, "save_freq": 2}
@@ -327,13 +440,24 @@ def test_accelerate_launch_two_processes(tmp_path):
     load_policy(out / "checkpoints/last")
 
 
+@pytest.mark.slow
 def test_sigterm_under_accelerate_stops_both_processes_at_the_same_step_with_a_checkpoint(tmp_path):
     """SIGTERM to the launcher reaches both ranks; they agree on the step (a reduced flag), the
     main process saves a loadable `last`."""
     out = tmp_path / "run"
-    kv = {**TINY, "output_dir": str(out), "steps": 100000, "batch_size": 1, "log_freq": 1, "eval_freq": 0, "save_freq": 0}
+    kv = {
+        **TINY,
+        "output_dir": str(out),
+        "steps": 100000,
+        "batch_size": 1,
+        "log_freq": 1,
+        "eval_freq": 0,
+        "save_freq": 0,
+    }
     cmd, env = _accelerate_two_processes(tmp_path, kv)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     try:
         metrics = out / "metrics.jsonl"
         assert _wait_for(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 3, timeout=180, proc=proc)

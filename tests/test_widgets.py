@@ -6,9 +6,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from tutorial_utils.report import widgets
 from tutorial_utils.data.format import LeRobotDataset
 from tutorial_utils.data.synth import generate_dataset
+from tutorial_utils.report import widgets
 
 
 def test_slider_browser_rerenders():

@@ -20,8 +20,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("tutorial_utils.serve.cli", "run a websocket policy server"),
     "eval": ("tutorial_utils.evaluate.cli", "run the LIBERO evaluation client"),
     "train": ("tutorial_utils.train.cli", "train a policy family (mini, mlp, ...)"),
-    "pipeline": ("tutorial_utils.pipeline", "the main job: record -> train -> evaluate -> promote (reuses finished runs)"),
-    "promote": ("tutorial_utils.report.promote", "copy a finished run's real logs, results and a video into logs/ and assets/"),
+    "pipeline": (
+        "tutorial_utils.pipeline",
+        "the main job: record -> train -> evaluate -> promote (reuses finished runs)",
+    ),
+    "promote": (
+        "tutorial_utils.report.promote",
+        "copy a finished run's real logs, results and a video into logs/ and assets/",
+    ),
     "logs": ("tutorial_utils.logs", "parse run logs and diagnose which stage failed"),
 }
 

@@ -8,8 +8,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 def _fsync_dir(path: Path) -> None:
@@ -136,8 +137,6 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} TB"
-
-
 
 
 # --- the loop -------------------------------------------------------------------------------------

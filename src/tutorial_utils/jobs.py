@@ -201,7 +201,9 @@ def list_runs(runs_dir: Path | None = None) -> list[dict[str, Any]]:
     rows = []
     for status_file in sorted(root.glob(f"*/{STATUS_FILE}")):
         st = read_status(status_file.parent)
-        rows.append({"run_id": status_file.parent.name, **{k: st.get(k) for k in ("job", "state", "wall_s", "profile")}})
+        rows.append(
+            {"run_id": status_file.parent.name, **{k: st.get(k) for k in ("job", "state", "wall_s", "profile")}}
+        )
     return rows
 
 
@@ -272,19 +274,33 @@ def run_notebook(
         done = find_finished(job, key_params)
         if done is not None:
             st = read_status(done)
-            return RunResult(done.name, done, done / f"{job}.ipynb", parameters, float(st.get("wall_s", 0.0)), reused=True)
+            return RunResult(
+                done.name, done, done / f"{job}.ipynb", parameters, float(st.get("wall_s", 0.0)), reused=True
+            )
 
     rd = ensure_run_dir(run_dir, job)
     run_id = rd.name
     if RUN_DIR_PARAM in declared:
         parameters[RUN_DIR_PARAM] = os.fspath(rd)
     executed = rd / f"{job}.ipynb"
-    atomic_write_text(rd / PARAMS_FILE, yaml.safe_dump({"job": job, "notebook": os.fspath(nb_path), "profile": profile, "parameters": parameters}, sort_keys=False))
+    atomic_write_text(
+        rd / PARAMS_FILE,
+        yaml.safe_dump(
+            {"job": job, "notebook": os.fspath(nb_path), "profile": profile, "parameters": parameters}, sort_keys=False
+        ),
+    )
     started = time.time()
     update_status(
-        rd, job=job, run_id=run_id, notebook=os.fspath(nb_path), profile=profile, parameters=parameters,
-        params_hash=params_hash(job, key_params), state="running",
-        started=_dt.datetime.now().isoformat(timespec="seconds"), pid=os.getpid(),
+        rd,
+        job=job,
+        run_id=run_id,
+        notebook=os.fspath(nb_path),
+        profile=profile,
+        parameters=parameters,
+        params_hash=params_hash(job, key_params),
+        state="running",
+        started=_dt.datetime.now().isoformat(timespec="seconds"),
+        pid=os.getpid(),
     )
 
     handler = _RedactingHandler(rd / "job.log", echo)
@@ -294,23 +310,43 @@ def run_notebook(
     pm_logger.setLevel(logging.INFO)
     try:
         pm.execute_notebook(
-            nb, os.fspath(executed), parameters=parameters, kernel_name=kernel_name,
-            progress_bar=False, log_output=True, cwd=os.fspath(cwd or paths.REPO),
+            nb,
+            os.fspath(executed),
+            parameters=parameters,
+            kernel_name=kernel_name,
+            progress_bar=False,
+            log_output=True,
+            cwd=os.fspath(cwd or paths.REPO),
         )
     except pm.PapermillExecutionError as exc:
         wall = time.time() - started
         _redact_file(executed)
         error = {"cell": exc.exec_count, "ename": exc.ename, "evalue": redact(str(exc.evalue))}
-        update_status(rd, state="failed", wall_s=round(wall, 2), error=error, finished=_dt.datetime.now().isoformat(timespec="seconds"))
+        update_status(
+            rd,
+            state="failed",
+            wall_s=round(wall, 2),
+            error=error,
+            finished=_dt.datetime.now().isoformat(timespec="seconds"),
+        )
         raise JobFailed(
             f"job {job} failed in cell [{exc.exec_count}]: {exc.ename}: {redact(str(exc.evalue))}\n"
             f"The executed notebook with the traceback is kept at {executed}",
-            rd, executed, exc.ename, redact(str(exc.evalue)),
+            rd,
+            executed,
+            exc.ename,
+            redact(str(exc.evalue)),
         ) from None
     except BaseException as exc:
         wall = time.time() - started
         _redact_file(executed)
-        update_status(rd, state="failed", wall_s=round(wall, 2), error={"ename": type(exc).__name__, "evalue": redact(str(exc))}, finished=_dt.datetime.now().isoformat(timespec="seconds"))
+        update_status(
+            rd,
+            state="failed",
+            wall_s=round(wall, 2),
+            error={"ename": type(exc).__name__, "evalue": redact(str(exc))},
+            finished=_dt.datetime.now().isoformat(timespec="seconds"),
+        )
         raise
     finally:
         pm_logger.removeHandler(handler)
@@ -318,7 +354,9 @@ def run_notebook(
         handler.close()
     wall = time.time() - started
     _redact_file(executed)
-    update_status(rd, state="succeeded", wall_s=round(wall, 2), finished=_dt.datetime.now().isoformat(timespec="seconds"))
+    update_status(
+        rd, state="succeeded", wall_s=round(wall, 2), finished=_dt.datetime.now().isoformat(timespec="seconds")
+    )
     return RunResult(run_id, rd, executed, parameters, wall)
 
 
@@ -341,7 +379,9 @@ def main(argv: list[str]) -> int:
     r.add_argument("notebook")
     r.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     r.add_argument("--run-dir", default=None, help="run directory (default: a new one under runs/)")
-    r.add_argument("--reuse", action="store_true", help="return a finished run with the same parameters instead of rerunning")
+    r.add_argument(
+        "--reuse", action="store_true", help="return a finished run with the same parameters instead of rerunning"
+    )
     r.add_argument("--quiet", action="store_true", help="do not echo the cells' output")
     sub.add_parser("list", help="list runs and their state")
     sp = sub.add_parser("params", help="show a job's parameters and their defaults in the active profile")

@@ -60,24 +60,43 @@ from typing import Any as _Any
 _FIELD = _re.compile(r"\{(\w+)(?::[^}]*)?\}")
 
 
-def pattern(fmt: str) -> "_re.Pattern[str]":
+def pattern(fmt: str) -> _re.Pattern[str]:
     """A regex for lines written with ``fmt`` (each ``{name}`` becomes a named group)."""
     out, pos = [], 0
     for m in _FIELD.finditer(fmt):
-        out.append(_re.escape(fmt[pos:m.start()]))
+        out.append(_re.escape(fmt[pos : m.start()]))
         out.append(f"(?P<{m.group(1)}>.+?)")
         pos = m.end()
     out.append(_re.escape(fmt[pos:]))
     return _re.compile("".join(out) + r"\s*$")
 
 
-_P = {name: pattern(globals()[name]) for name in (
-    "TRAIN_TOTAL_PARAMS", "TRAIN_TRAINABLE_PARAMS", "TRAIN_FROZEN_PARAMS", "TRAIN_RATIO", "TRAIN_TOTAL_STEPS",
-    "TRAIN_DATALOADER_LEN", "TRAIN_STEP_LOSS", "TRAIN_COMPLETE",
-    "SERVER_LISTENING", "SERVER_CONNECTION_FROM", "SERVER_CONNECTION_CLOSED", "SERVER_REQUEST_ERROR",
-    "EVAL_TASK", "EVAL_STARTING_EPISODE", "EVAL_SUCCESS", "EVAL_EPISODES_SO_FAR", "EVAL_SUCCESSES",
-    "EVAL_TASK_RATE", "EVAL_TOTAL_RATE_SO_FAR", "EVAL_TOTAL_RATE", "EVAL_TOTAL_EPISODES",
-)}
+_P = {
+    name: pattern(globals()[name])
+    for name in (
+        "TRAIN_TOTAL_PARAMS",
+        "TRAIN_TRAINABLE_PARAMS",
+        "TRAIN_FROZEN_PARAMS",
+        "TRAIN_RATIO",
+        "TRAIN_TOTAL_STEPS",
+        "TRAIN_DATALOADER_LEN",
+        "TRAIN_STEP_LOSS",
+        "TRAIN_COMPLETE",
+        "SERVER_LISTENING",
+        "SERVER_CONNECTION_FROM",
+        "SERVER_CONNECTION_CLOSED",
+        "SERVER_REQUEST_ERROR",
+        "EVAL_TASK",
+        "EVAL_STARTING_EPISODE",
+        "EVAL_SUCCESS",
+        "EVAL_EPISODES_SO_FAR",
+        "EVAL_SUCCESSES",
+        "EVAL_TASK_RATE",
+        "EVAL_TOTAL_RATE_SO_FAR",
+        "EVAL_TOTAL_RATE",
+        "EVAL_TOTAL_EPISODES",
+    )
+}
 #: DiT4DiT prints ``server running ...`` with its own wording after it: match the prefix.
 _SERVER_RUNNING = _re.compile(r"\bserver running\b")
 _CONNECTION_OPEN = _re.compile(r"\b" + _re.escape(SERVER_CONNECTION_OPEN) + r"\b")
@@ -86,9 +105,11 @@ _TRACEBACK = "Traceback (most recent call last):"
 _ERROR_LINE = _re.compile(r"^(?:[\w.]+(?:Error|Exception|Unavailable|Died|Failed)|KeyboardInterrupt|SystemExit)\b.*")
 
 
-def _text(source: "str | _os.PathLike") -> str:
+def _text(source: str | _os.PathLike) -> str:
     """A log's text from a path or the text itself."""
-    if isinstance(source, _os.PathLike) or (isinstance(source, str) and "\n" not in source and len(source) < 4096 and _Path(source).is_file()):
+    if isinstance(source, _os.PathLike) or (
+        isinstance(source, str) and "\n" not in source and len(source) < 4096 and _Path(source).is_file()
+    ):
         return _Path(source).read_text(encoding="utf-8", errors="replace")
     return str(source)
 
@@ -124,65 +145,89 @@ def parse_losses(text: str) -> dict[str, float]:
     except (ValueError, SyntaxError, TypeError):
         pass
     out = {}
-    for k, v in _re.findall(r"['\"]?(\w+)['\"]?\s*:\s*(?:tensor\()?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))", text):
+    for k, v in _re.findall(
+        r"['\"]?(\w+)['\"]?\s*:\s*(?:tensor\()?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))", text
+    ):
         out[k] = float(v)
     return out
 
 
-def parse_train_log(source: "str | _os.PathLike") -> dict[str, _Any]:
+def parse_train_log(source: str | _os.PathLike) -> dict[str, _Any]:
     """DiT4DiT-format training log (FACTS section 1) -> parameters, steps and losses, completion."""
     lines = _text(source).splitlines()
-    res: dict[str, _Any] = {"total_params": None, "trainable_params": None, "frozen_params": None, "trainable_ratio": None,
-                            "total_steps": None, "dataloader_len": None, "run_id": None, "steps": [], "final_model": None,
-                            "errors": _errors(lines)}
-    keys = {"TRAIN_TOTAL_PARAMS": "total_params", "TRAIN_TRAINABLE_PARAMS": "trainable_params", "TRAIN_FROZEN_PARAMS": "frozen_params"}
+    res: dict[str, _Any] = {
+        "total_params": None,
+        "trainable_params": None,
+        "frozen_params": None,
+        "trainable_ratio": None,
+        "total_steps": None,
+        "dataloader_len": None,
+        "run_id": None,
+        "steps": [],
+        "final_model": None,
+        "errors": _errors(lines),
+    }
+    keys = {
+        "TRAIN_TOTAL_PARAMS": "total_params",
+        "TRAIN_TRAINABLE_PARAMS": "trainable_params",
+        "TRAIN_FROZEN_PARAMS": "frozen_params",
+    }
     for ln in lines:
         for const, key in keys.items():
             m = _P[const].search(ln)
             if m:
                 res[key] = _num(m.group("n"))
-        if (m := _P["TRAIN_RATIO"].search(ln)):
+        if m := _P["TRAIN_RATIO"].search(ln):
             res["trainable_ratio"] = _num(m.group("pct"))
-        if (m := _P["TRAIN_TOTAL_STEPS"].search(ln)):
+        if m := _P["TRAIN_TOTAL_STEPS"].search(ln):
             res["total_steps"] = _num(m.group("n"))
-        if (m := _P["TRAIN_DATALOADER_LEN"].search(ln)):
+        if m := _P["TRAIN_DATALOADER_LEN"].search(ln):
             res["dataloader_len"] = _num(m.group("n"))
-        if (m := _P["TRAIN_STEP_LOSS"].search(ln)):
+        if m := _P["TRAIN_STEP_LOSS"].search(ln):
             res["run_id"] = m.group("run_id")
             res["steps"].append({"step": _num(m.group("step")), "losses": parse_losses(m.group("losses"))})
-        if (m := _P["TRAIN_COMPLETE"].search(ln)):
+        if m := _P["TRAIN_COMPLETE"].search(ln):
             res["final_model"] = m.group("path")
     return res
 
 
-def parse_server_log(source: "str | _os.PathLike") -> dict[str, _Any]:
+def parse_server_log(source: str | _os.PathLike) -> dict[str, _Any]:
     """Policy server log (ours, DiT4DiT's or openpi's) -> startup, connections, request errors."""
     lines = _text(source).splitlines()
-    res: dict[str, _Any] = {"running": False, "listening": [], "connections_open": 0, "connections_from": [],
-                            "connections_closed": 0, "request_errors": [], "port_in_use": False, "errors": _errors(lines),
-                            "stopped": False, "policy_unavailable": []}
+    res: dict[str, _Any] = {
+        "running": False,
+        "listening": [],
+        "connections_open": 0,
+        "connections_from": [],
+        "connections_closed": 0,
+        "request_errors": [],
+        "port_in_use": False,
+        "errors": _errors(lines),
+        "stopped": False,
+        "policy_unavailable": [],
+    }
     stopped = pattern(SERVER_STOPPED)
     unavailable = pattern(SERVER_POLICY_UNAVAILABLE)
     for ln in lines:
         if _SERVER_RUNNING.search(ln):
             res["running"] = True
-        if (m := _P["SERVER_LISTENING"].search(ln)):
+        if m := _P["SERVER_LISTENING"].search(ln):
             res["listening"].append(f"{m.group('host')}:{m.group('port')}")
         elif "server listening on" in ln:
             res["listening"].append(ln.split("server listening on", 1)[1].strip())
         if _CONNECTION_OPEN.search(ln):
             res["connections_open"] += 1
-        if (m := _P["SERVER_CONNECTION_FROM"].search(ln)):
+        if m := _P["SERVER_CONNECTION_FROM"].search(ln):
             res["connections_from"].append(m.group("addr"))
         if _P["SERVER_CONNECTION_CLOSED"].search(ln):
             res["connections_closed"] += 1
-        if (m := _P["SERVER_REQUEST_ERROR"].search(ln)):
+        if m := _P["SERVER_REQUEST_ERROR"].search(ln):
             res["request_errors"].append(m.group("error"))
         if _PORT_IN_USE.search(ln):
             res["port_in_use"] = True
         if stopped.search(ln):
             res["stopped"] = True
-        if (m := unavailable.search(ln)):
+        if m := unavailable.search(ln):
             res["policy_unavailable"].append(m.group("reason"))
     return res
 
@@ -191,7 +236,7 @@ def _bool(text: str) -> bool | None:
     return {"true": True, "false": False}.get(text.strip().lower())
 
 
-def parse_eval_log(source: "str | _os.PathLike") -> dict[str, _Any]:
+def parse_eval_log(source: str | _os.PathLike) -> dict[str, _Any]:
     """LIBERO client log (FACTS section 5) -> per task episodes and rates, totals, EGL noise.
 
     ``tasks``: ``[{"task", "episodes": [{"episode", "success"}], "task_rate"}]``;
@@ -199,18 +244,26 @@ def parse_eval_log(source: "str | _os.PathLike") -> dict[str, _Any]:
     ``egl_after_total``: the harmless ``EGL_NOT_INITIALIZED`` at exit.
     """
     lines = _text(source).splitlines()
-    res: dict[str, _Any] = {"tasks": [], "episodes": 0, "successes": 0, "total_rate": None, "total_episodes": None,
-                            "running_total_rate": None, "egl_after_total": False, "egl_before_total": False,
-                            "errors": _errors(lines)}
+    res: dict[str, _Any] = {
+        "tasks": [],
+        "episodes": 0,
+        "successes": 0,
+        "total_rate": None,
+        "total_episodes": None,
+        "running_total_rate": None,
+        "egl_after_total": False,
+        "egl_before_total": False,
+        "errors": _errors(lines),
+    }
     task = None
     pending_episode = None
     for ln in lines:
-        if (m := _P["EVAL_TASK"].search(ln)):
+        if m := _P["EVAL_TASK"].search(ln):
             task = {"task": m.group("task"), "episodes": [], "task_rate": None}
             res["tasks"].append(task)
-        elif (m := _P["EVAL_STARTING_EPISODE"].search(ln)):
+        elif m := _P["EVAL_STARTING_EPISODE"].search(ln):
             pending_episode = _num(m.group("n"))
-        elif (m := _P["EVAL_SUCCESS"].search(ln)):
+        elif m := _P["EVAL_SUCCESS"].search(ln):
             ok = _bool(m.group("success"))
             if task is None:
                 task = {"task": "?", "episodes": [], "task_rate": None}
@@ -218,14 +271,14 @@ def parse_eval_log(source: "str | _os.PathLike") -> dict[str, _Any]:
             task["episodes"].append({"episode": pending_episode, "success": ok})
             res["episodes"] += 1
             res["successes"] += int(bool(ok))
-        elif (m := _P["EVAL_TASK_RATE"].search(ln)):
+        elif m := _P["EVAL_TASK_RATE"].search(ln):
             if task is not None:
                 task["task_rate"] = _num(m.group("rate"))
-        elif (m := _P["EVAL_TOTAL_RATE_SO_FAR"].search(ln)):
+        elif m := _P["EVAL_TOTAL_RATE_SO_FAR"].search(ln):
             res["running_total_rate"] = _num(m.group("rate"))
-        elif (m := _P["EVAL_TOTAL_RATE"].search(ln)):
+        elif m := _P["EVAL_TOTAL_RATE"].search(ln):
             res["total_rate"] = _num(m.group("rate"))
-        elif (m := _P["EVAL_TOTAL_EPISODES"].search(ln)):
+        elif m := _P["EVAL_TOTAL_EPISODES"].search(ln):
             res["total_episodes"] = _num(m.group("n"))
         if EVAL_EGL_HARMLESS in ln:
             res["egl_after_total" if res["total_rate"] is not None else "egl_before_total"] = True
@@ -269,7 +322,14 @@ class Diagnosis:
 
 
 #: Success signs of an evaluation run, in the order they appear.
-EVAL_SIGNS = ("server running", "server listening", "connection open", "task started", "episode finished", "total success rate")
+EVAL_SIGNS = (
+    "server running",
+    "server listening",
+    "connection open",
+    "task started",
+    "episode finished",
+    "total success rate",
+)
 #: Success signs of a training run.
 TRAIN_SIGNS = ("parameters counted", "first loss line", "training complete")
 
@@ -300,11 +360,15 @@ def _diagnose_eval(d: Diagnosis, server_log: _Path | None, eval_log: _Path | Non
     ev_errors = ev["errors"] if ev else []
     srv_errors = srv["errors"] if srv else []
     if ev and ev["egl_after_total"]:
-        d.notes.append(f"{EVAL_EGL_HARMLESS} after 'Total success rate' is robosuite's renderer cleanup at exit: harmless.")
+        d.notes.append(
+            f"{EVAL_EGL_HARMLESS} after 'Total success rate' is robosuite's renderer cleanup at exit: harmless."
+        )
 
     if srv is None:
         d.failed_stage = "server"
-        d.causes = ["no server.log in the run directory: the server was never started, or the job died before collecting logs"]
+        d.causes = [
+            "no server.log in the run directory: the server was never started, or the job died before collecting logs"
+        ]
         return
     if not (d.signs["server running"] or d.signs["server listening"]):
         d.failed_stage = "server"
@@ -328,7 +392,9 @@ def _diagnose_eval(d: Diagnosis, server_log: _Path | None, eval_log: _Path | Non
             "no offscreen GL backend: MUJOCO_GL=egl needs libegl1 libegl-mesa0 libgl1-mesa-dri, osmesa needs libosmesa6",
         ] + [f"client error: {e}" for e in ev_errors[-2:]]
         if ev and ev["egl_before_total"]:
-            d.causes.insert(0, f"{EVAL_EGL_HARMLESS} before any task: the EGL backend does not work here; try MUJOCO_GL=osmesa")
+            d.causes.insert(
+                0, f"{EVAL_EGL_HARMLESS} before any task: the EGL backend does not work here; try MUJOCO_GL=osmesa"
+            )
         return
     if not d.signs["total success rate"]:
         d.failed_stage = "evaluation"
@@ -349,9 +415,12 @@ def _diagnose_train(d: Diagnosis, train_log: _Path) -> None:
         "first loss line": bool(tr["steps"]),
         "training complete": tr["final_model"] is not None,
     }
-    d.figures = {"steps_logged": len(tr["steps"]), "last_step": tr["steps"][-1]["step"] if tr["steps"] else None,
-                 "last_total_loss": (tr["steps"][-1]["losses"].get("total_loss") if tr["steps"] else None),
-                 "final_model": tr["final_model"]}
+    d.figures = {
+        "steps_logged": len(tr["steps"]),
+        "last_step": tr["steps"][-1]["step"] if tr["steps"] else None,
+        "last_total_loss": (tr["steps"][-1]["losses"].get("total_loss") if tr["steps"] else None),
+        "final_model": tr["final_model"],
+    }
     errs = [f"error in the log: {e}" for e in tr["errors"][-2:]]
     for sign, stage, causes in _TRAIN_STAGES:
         if not d.signs[sign]:
@@ -361,24 +430,36 @@ def _diagnose_train(d: Diagnosis, train_log: _Path) -> None:
 
 #: (missing sign, stage that failed, likely causes) of a training run, in order.
 _TRAIN_STAGES = (
-    ("parameters counted", "model setup", (
-        "the config did not load: pass --config_yaml (the default is the placeholder xxx.yaml) and run from the repo root",
-        "wandb.init needs an account: set WANDB_MODE=offline",
-        "the backbone weights were not downloaded (gated model: accept the licence and set HF_TOKEN)",
-    )),
-    ("first loss line", "data loading", (
-        "the data mixture is unknown (libero_spatial_only does not exist upstream: register a mixture entry)",
-        "the dataset path or meta files (modality.json, stats) are missing or invalid",
-        "the loss is printed every trainer.logging_frequency steps: a 2-step run needs --trainer.logging_frequency 1",
-    )),
-    ("training complete", "training", (
-        "the run was killed or crashed mid-training (out of memory, disk full while saving a checkpoint)",
-        "it is still running: check the process and the newest checkpoint",
-    )),
+    (
+        "parameters counted",
+        "model setup",
+        (
+            "the config did not load: pass --config_yaml (the default is the placeholder xxx.yaml) and run from the repo root",
+            "wandb.init needs an account: set WANDB_MODE=offline",
+            "the backbone weights were not downloaded (gated model: accept the licence and set HF_TOKEN)",
+        ),
+    ),
+    (
+        "first loss line",
+        "data loading",
+        (
+            "the data mixture is unknown (libero_spatial_only does not exist upstream: register a mixture entry)",
+            "the dataset path or meta files (modality.json, stats) are missing or invalid",
+            "the loss is printed every trainer.logging_frequency steps: a 2-step run needs --trainer.logging_frequency 1",
+        ),
+    ),
+    (
+        "training complete",
+        "training",
+        (
+            "the run was killed or crashed mid-training (out of memory, disk full while saving a checkpoint)",
+            "it is still running: check the process and the newest checkpoint",
+        ),
+    ),
 )
 
 
-def _short(path: "str | _os.PathLike") -> str:
+def _short(path: str | _os.PathLike) -> str:
     """``path`` relative to the repository when it lies inside it (what the book shows)."""
     from tutorial_utils import paths
 
@@ -389,8 +470,13 @@ def _short(path: "str | _os.PathLike") -> str:
         return str(path)
 
 
-def diagnose(run_dir: "str | _os.PathLike | None" = None, *, server_log: "str | _os.PathLike | None" = None,
-             eval_log: "str | _os.PathLike | None" = None, train_log: "str | _os.PathLike | None" = None) -> Diagnosis:
+def diagnose(
+    run_dir: str | _os.PathLike | None = None,
+    *,
+    server_log: str | _os.PathLike | None = None,
+    eval_log: str | _os.PathLike | None = None,
+    train_log: str | _os.PathLike | None = None,
+) -> Diagnosis:
     """Read a run's logs and say which success signs were seen and, when one is missing, which
     stage failed and the likely causes.
 
@@ -401,7 +487,9 @@ def diagnose(run_dir: "str | _os.PathLike | None" = None, *, server_log: "str | 
     run = _Path(run_dir) if run_dir is not None else None
     if run is not None:
         if not run.is_dir():
-            raise FileNotFoundError(f"run directory {run} does not exist; list runs with `python -m tutorial_utils job list`")
+            raise FileNotFoundError(
+                f"run directory {run} does not exist; list runs with `python -m tutorial_utils job list`"
+            )
         server_log = server_log or _first(run, ("server.log", "*server*.log"))
         eval_log = eval_log or _first(run, ("eval_*.log", "eval.log"), exclude="server")
         train_log = train_log or _first(run, ("train.log", "train_*.log"))
@@ -417,9 +505,15 @@ def diagnose(run_dir: "str | _os.PathLike | None" = None, *, server_log: "str | 
         d = Diagnosis(where, "training")
         _diagnose_train(d, train_log)
     else:
-        d = Diagnosis(where, "unknown", failed_stage="no logs",
-                      causes=[f"no server.log, eval_*.log or train.log in {where}: the job failed before its first stage "
-                              "(read status.json and the executed notebook)"])
+        d = Diagnosis(
+            where,
+            "unknown",
+            failed_stage="no logs",
+            causes=[
+                f"no server.log, eval_*.log or train.log in {where}: the job failed before its first stage "
+                "(read status.json and the executed notebook)"
+            ],
+        )
     if run is None:
         return d
     status = run / "status.json"
@@ -439,7 +533,9 @@ def diagnose(run_dir: "str | _os.PathLike | None" = None, *, server_log: "str | 
 def main(argv: list[str]) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m tutorial_utils logs", description="Parse run logs and diagnose which stage failed.")
+    ap = argparse.ArgumentParser(
+        prog="python -m tutorial_utils logs", description="Parse run logs and diagnose which stage failed."
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     dg = sub.add_parser("diagnose", help="success signs, failed stage and likely causes of a run directory")
     dg.add_argument("run_dir")
@@ -469,8 +565,10 @@ TRAIN_RUNNING = "***** Running training *****"
 TRAIN_FROZEN_MODULES = "Frozen modules: {modules}"
 TRAIN_RESUMED = "Resumed from {path} at step {step}"
 TRAIN_VALIDATION = "[Exp: {run_id}] Step {step}, Validation: {metrics}"
-TRAIN_STOPPED = ("Training stopped by {signal} at step {step}; checkpoint saved at {path}. "
-                 "Continue with resume=true and the same output_dir.")
+TRAIN_STOPPED = (
+    "Training stopped by {signal} at step {step}; checkpoint saved at {path}. "
+    "Continue with resume=true and the same output_dir."
+)
 TRAIN_DISK_USAGE = "Disk usage: final_model {final}, run directory {run_dir}"
 TRAIN_FINAL_REMOVED = "Removed final_model (set KEEP_FINAL_MODEL=1 to keep it); run directory now {run_dir}"
 TRAIN_FINAL_KEPT = "KEEP_FINAL_MODEL=1: final_model kept ({final})"

@@ -34,18 +34,28 @@ DISK_NEEDS_GB = {
     "mini": {"models": 0.0, "data": 1.0, "runs": 2.0},
 }
 
-HUB_VARS = ("HF_HOME", "HF_ENDPOINT", "HF_HUB_OFFLINE", "HF_HUB_DISABLE_XET", "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_DOWNLOAD_TIMEOUT")
-PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "all_proxy", "no_proxy")
+HUB_VARS = (
+    "HF_HOME",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+    "HF_HUB_DISABLE_XET",
+    "HF_HUB_ENABLE_HF_TRANSFER",
+    "HF_HUB_DOWNLOAD_TIMEOUT",
+)
+PROXY_VARS = (
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "https_proxy",
+    "http_proxy",
+    "all_proxy",
+    "no_proxy",
+)
 
 #: MuJoCo offscreen backends and the Debian packages that provide them.
 GL_PACKAGES = {"egl": "libegl1 libegl-mesa0 libgl1-mesa-dri", "osmesa": "libosmesa6"}
-_GL_PROBE = (
-    "import mujoco\n"
-    "ctx = mujoco.GLContext(32, 32)\n"
-    "ctx.make_current()\n"
-    "ctx.free()\n"
-    "print('ok')\n"
-)
+_GL_PROBE = "import mujoco\nctx = mujoco.GLContext(32, 32)\nctx.make_current()\nctx.free()\nprint('ok')\n"
 
 
 @dataclass
@@ -82,7 +92,9 @@ def _nvidia_smi() -> list[Accelerator]:
         return []
     q = "index,name,memory.total,memory.used,utilization.gpu,temperature.gpu"
     try:
-        out = subprocess.run([exe, f"--query-gpu={q}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            [exe, f"--query-gpu={q}", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     gpus = []
@@ -98,7 +110,18 @@ def _nvidia_smi() -> list[Accelerator]:
                 return None
 
         total, used = num(parts[2]), num(parts[3])
-        gpus.append(Accelerator("cuda", int(parts[0]), parts[1], total and total / 1024, used and used / 1024, num(parts[4]), num(parts[5]), "nvidia-smi"))
+        gpus.append(
+            Accelerator(
+                "cuda",
+                int(parts[0]),
+                parts[1],
+                total and total / 1024,
+                used and used / 1024,
+                num(parts[4]),
+                num(parts[5]),
+                "nvidia-smi",
+            )
+        )
     return gpus
 
 
@@ -119,7 +142,18 @@ def _nvml() -> list[Accelerator]:
             mem = pynvml.nvmlDeviceGetMemoryInfo(h)
             util = pynvml.nvmlDeviceGetUtilizationRates(h).gpu
             temp = pynvml.nvmlDeviceGetTemperature(h, 0)
-            gpus.append(Accelerator("cuda", i, name.decode() if isinstance(name, bytes) else name, mem.total / GB, mem.used / GB, float(util), float(temp), "nvml"))
+            gpus.append(
+                Accelerator(
+                    "cuda",
+                    i,
+                    name.decode() if isinstance(name, bytes) else name,
+                    mem.total / GB,
+                    mem.used / GB,
+                    float(util),
+                    float(temp),
+                    "nvml",
+                )
+            )
     finally:
         pynvml.nvmlShutdown()
     return gpus
@@ -179,10 +213,19 @@ def vram_verdict(accs: list[Accelerator]) -> tuple[str, str]:
         return "none", "No GPU: the mini path runs on this CPU; the dit4dit path needs an NVIDIA GPU with >= 48 GB."
     best = max(a.memory_total_gb for a in cuda)
     if best >= VRAM_RECOMMENDED_GB - 1:  # cards sold as 48 GB report a little less
-        return "ok", f"{best:.0f} GB of VRAM: enough for DiT4DiT evaluation and the 2-step training smoke test (48 GB recommended)."
+        return (
+            "ok",
+            f"{best:.0f} GB of VRAM: enough for DiT4DiT evaluation and the 2-step training smoke test (48 GB recommended).",
+        )
     if best > VRAM_LIKELY_OOM_GB + 1:
-        return "tight", f"{best:.0f} GB of VRAM: below the recommended 48 GB; evaluation may fit, the smoke test may run out of memory."
-    return "small", f"{best:.0f} GB of VRAM: at 24 GB (an RTX 4090) DiT4DiT is likely to run out of memory; use the mini path or a 48 GB card."
+        return (
+            "tight",
+            f"{best:.0f} GB of VRAM: below the recommended 48 GB; evaluation may fit, the smoke test may run out of memory.",
+        )
+    return (
+        "small",
+        f"{best:.0f} GB of VRAM: at 24 GB (an RTX 4090) DiT4DiT is likely to run out of memory; use the mini path or a 48 GB card.",
+    )
 
 
 # --- disk ---------------------------------------------------------------------------------------
@@ -220,7 +263,9 @@ def disk_plan(backend: str = "mini", locations: dict[str, Path] | None = None) -
         while not existing.exists():
             existing = existing.parent
         usage = shutil.disk_usage(existing)
-        roles.append(DiskRole(role, os.fspath(path), os.fspath(mount), usage.free / GB, usage.total / GB, needs.get(role, 0.0)))
+        roles.append(
+            DiskRole(role, os.fspath(path), os.fspath(mount), usage.free / GB, usage.total / GB, needs.get(role, 0.0))
+        )
         by_mount.setdefault(os.fspath(mount), []).append(role)
     for r in roles:
         same = by_mount[r.mount]
@@ -273,7 +318,9 @@ def probe_gl(backend: str, timeout: float = 60.0) -> tuple[bool, str]:
         raise ValueError(f"unknown GL backend {backend!r}; use one of {', '.join(GL_PACKAGES)}")
     env = {**os.environ, "MUJOCO_GL": backend, "PYOPENGL_PLATFORM": backend}
     try:
-        out = subprocess.run([sys.executable, "-c", _GL_PROBE], capture_output=True, text=True, timeout=timeout, env=env)
+        out = subprocess.run(
+            [sys.executable, "-c", _GL_PROBE], capture_output=True, text=True, timeout=timeout, env=env
+        )
     except subprocess.TimeoutExpired:
         return False, f"timed out after {timeout:.0f} s"
     if out.returncode == 0 and out.stdout.strip().endswith("ok"):
@@ -324,13 +371,22 @@ def checks(rep: dict[str, Any]) -> list[tuple[str, bool, str]]:
     disk_bad = [d for d in rep["disk"] if not d["ok"]]
     out = [
         ("accelerator", mini or rep["vram"]["level"] in ("ok", "tight"), rep["vram"]["message"]),
-        ("disk", not disk_bad, "; ".join(d["warning"] for d in disk_bad) or "enough free space for models, data and runs"),
+        (
+            "disk",
+            not disk_bad,
+            "; ".join(d["warning"] for d in disk_bad) or "enough free space for models, data and runs",
+        ),
         ("offscreen GL", rep["gl_backend"] is not None, rep["gl_message"]),
         (
             "Hugging Face token",
             mini or hf,
-            ("set (not needed for the mini path)" if hf else "missing: the mini path does not need it") if mini
-            else ("set" if hf else "missing: `source ~/.secrets/hf.env` with HF_TOKEN=..., and accept the Cosmos licence on the Hub"),
+            ("set (not needed for the mini path)" if hf else "missing: the mini path does not need it")
+            if mini
+            else (
+                "set"
+                if hf
+                else "missing: `source ~/.secrets/hf.env` with HF_TOKEN=..., and accept the Cosmos licence on the Hub"
+            ),
         ),
     ]
     return out
@@ -351,7 +407,9 @@ def format_report(rep: dict[str, Any]) -> str:
     lines += ["", f"VRAM: {rep['vram']['message']}", "", "disk plan:"]
     for d in rep["disk"]:
         flag = "ok  " if d["ok"] else "LOW "
-        lines.append(f"  {flag}{d['role']:<7} {d['path']}  (mount {d['mount']}: {d['free_gb']:.1f} GB free, needs ~{d['need_gb']:.0f} GB)")
+        lines.append(
+            f"  {flag}{d['role']:<7} {d['path']}  (mount {d['mount']}: {d['free_gb']:.1f} GB free, needs ~{d['need_gb']:.0f} GB)"
+        )
         if d["warning"]:
             lines.append(f"       {d['warning']}")
     lines += ["", "tokens: " + ", ".join(f"{k}={v}" for k, v in rep["tokens"].items()), "", "hub and proxy settings:"]
@@ -366,7 +424,9 @@ def format_report(rep: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tutorial_utils doctor", description="Check this machine for the book's two paths.")
+    ap = argparse.ArgumentParser(
+        prog="python -m tutorial_utils doctor", description="Check this machine for the book's two paths."
+    )
     ap.add_argument("--backend", choices=sorted(DISK_NEEDS_GB), default="mini")
     ap.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     ap.add_argument("--no-gl", action="store_true", help="skip the MuJoCo GL probe")

@@ -18,7 +18,8 @@ import argparse
 import dataclasses
 import difflib
 import typing
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from tutorial_utils.errors import ConfigError
 
@@ -26,7 +27,9 @@ from tutorial_utils.errors import ConfigError
 def param(default: Any, help: str, group: str = "job") -> Any:
     """A dataclass field with its help text and group (mutable defaults are copied per instance)."""
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help, "group": group})
+        return dataclasses.field(
+            default_factory=lambda: type(default)(default), metadata={"help": help, "group": group}
+        )
     return dataclasses.field(default=default, metadata={"help": help, "group": group})
 
 
@@ -62,9 +65,18 @@ def fields_info(cls, aliases: Mapping[str, str] | None = None) -> list[dict]:
     inv: dict[str, list[str]] = {}
     for a, c in (aliases or {}).items():
         inv.setdefault(c, []).append(a)
-    return [{"name": f.name, "type": type_name(cls, f.name), "default": default_of(f), "group": f.metadata.get("group"),
-             "aliases": inv.get(f.name, []), "help": f.metadata.get("help", "")}
-            for f in dataclasses.fields(cls) if f.metadata.get("help") is not None]
+    return [
+        {
+            "name": f.name,
+            "type": type_name(cls, f.name),
+            "default": default_of(f),
+            "group": f.metadata.get("group"),
+            "aliases": inv.get(f.name, []),
+            "help": f.metadata.get("help", ""),
+        }
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("help") is not None
+    ]
 
 
 def coerce(cls, name: str, value: Any, key: str | None = None) -> Any:
@@ -115,7 +127,11 @@ def coerce(cls, name: str, value: Any, key: str | None = None) -> Any:
             return str(value)
         if base.startswith(("tuple", "list")):
             inner = float if "float" in base else int if "int" in base else str
-            items = value if isinstance(value, (list, tuple)) else [v for v in str(value).strip("[]()").split(",") if v.strip()]
+            items = (
+                value
+                if isinstance(value, (list, tuple))
+                else [v for v in str(value).strip("[]()").split(",") if v.strip()]
+            )
             out = [coerce_scalar(inner, v) for v in items]
             return tuple(out) if base.startswith("tuple") else out
     except (TypeError, ValueError):
@@ -180,9 +196,13 @@ def add_arguments(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()
     for r in fields_info(cls):
         if r["name"] in skip:
             continue
-        parser.add_argument("--" + r["name"].replace("_", "-"), dest=r["name"], default=argparse.SUPPRESS,
-                            metavar=r["type"].upper().replace(" | NONE", ""),
-                            help=f"{r['help']} (default: {r['default']!r})")
+        parser.add_argument(
+            "--" + r["name"].replace("_", "-"),
+            dest=r["name"],
+            default=argparse.SUPPRESS,
+            metavar=r["type"].upper().replace(" | NONE", ""),
+            help=f"{r['help']} (default: {r['default']!r})",
+        )
 
 
 def from_args(cls, args: argparse.Namespace, where: str):
@@ -207,7 +227,9 @@ def read_json(cls, path) -> Any:
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"{p}: cannot read the job config ({exc}); it is written by the job that starts this process.") from None
+        raise ConfigError(
+            f"{p}: cannot read the job config ({exc}); it is written by the job that starts this process."
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object of parameters, found {type(data).__name__}.")
     return from_mapping(cls, data, str(p))

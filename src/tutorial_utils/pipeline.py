@@ -16,9 +16,10 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tutorial_utils import jobs, paths, profiles
 
@@ -58,8 +59,11 @@ STAGES: list[Stage] = [
     Stage(
         "evaluate",
         "evaluate.md",
-        lambda ctx: {"policy": ctx["policy"], "checkpoint": ctx["checkpoint"],
-                     "trials_per_task": profiles.pick(ci=1, cpu=2, gpu=50)},
+        lambda ctx: {
+            "policy": ctx["policy"],
+            "checkpoint": ctx["checkpoint"],
+            "trials_per_task": profiles.pick(ci=1, cpu=2, gpu=50),
+        },
         _eval_outputs,
     ),
 ]
@@ -76,8 +80,13 @@ def run(stages: list[Stage] | None = None, until: str | None = None, echo: bool 
         status = jobs.read_status(res.run_dir)
         ctx.update(stage.outputs(res.run_dir, status))
         ctx[f"{stage.name}_run"] = os.fspath(res.run_dir)
-        ctx["timings"].append({"stage": stage.name, "reused": res.reused, "run_s": res.wall_s, "this_call_s": round(time.time() - t0, 1)})
-        print(f"[pipeline] {stage.name}: {'reused' if res.reused else 'ran'} {res.run_dir.name} ({res.wall_s:.0f} s)", flush=True)
+        ctx["timings"].append(
+            {"stage": stage.name, "reused": res.reused, "run_s": res.wall_s, "this_call_s": round(time.time() - t0, 1)}
+        )
+        print(
+            f"[pipeline] {stage.name}: {'reused' if res.reused else 'ran'} {res.run_dir.name} ({res.wall_s:.0f} s)",
+            flush=True,
+        )
         if until == stage.name:
             break
     return ctx

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils.io import atomic_write_json
-from tutorial_utils.data.format import INFO_PATH
+from tutorial_utils.data.format import INFO_PATH, read_info
 from tutorial_utils.errors import DatasetError
 
 MODALITY_PATH = "meta/modality.json"
@@ -58,13 +58,6 @@ class ModalityError(DatasetError):
     """A modality.json problem: names the file, the entry (``group.name``) and the fix."""
 
 
-def _load_info(root: Path) -> dict:
-    path = root / INFO_PATH
-    if not path.is_file():
-        raise DatasetError(path, None, "meta/info.json is missing", "point at the dataset root (holding meta/)")
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
 def _generic(info: dict) -> dict:
     out: dict[str, dict] = {"state": {}, "action": {}, "video": {}, "annotation": {}}
     for key, ft in info["features"].items():
@@ -99,7 +92,7 @@ def build_modality(root: str | os.PathLike, preset: str = "libero", write: bool 
     The result is validated against ``meta/info.json`` before anything is written.
     """
     root = Path(root)
-    info = _load_info(root)
+    info = read_info(root)
     if preset == "libero":
         modality = json.loads(json.dumps(LIBERO_MODALITY))
     elif preset == "generic":
@@ -129,7 +122,7 @@ def validate_modality(root: str | os.PathLike, modality: dict | None = None) -> 
         except json.JSONDecodeError as exc:
             raise ModalityError(file, None, f"not valid JSON ({exc.msg} at line {exc.lineno})",
                                 "rebuild it with build_modality(root)") from None
-    features = _load_info(root)["features"]
+    features = read_info(root)["features"]
     if not isinstance(modality, dict):
         raise ModalityError(file, None, "must be a JSON object of groups", f"use groups {list(GROUPS)}")
     for group in modality:

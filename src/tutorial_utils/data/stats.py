@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from tutorial_utils.io import atomic_path, atomic_write_json
-from tutorial_utils.data.format import EPISODES_PATH, INFO_PATH, _column_to_numpy
+from tutorial_utils.data.format import EPISODES_PATH, INFO_PATH, _column_to_numpy, read_info
 from tutorial_utils.errors import DatasetError
 
 STATS_GR00T_PATH = "meta/stats_gr00t.json"
@@ -71,10 +71,7 @@ def fingerprint(root: str | os.PathLike, files: list[Path] | None = None) -> str
 
 
 def _numeric_features(root: Path) -> dict:
-    info_path = root / INFO_PATH
-    if not info_path.is_file():
-        raise DatasetError(info_path, None, "meta/info.json is missing", "point at the dataset root (holding meta/)")
-    info = json.loads(info_path.read_text(encoding="utf-8"))
+    info = read_info(root)
     return {k: v for k, v in info["features"].items() if v["dtype"] not in ("video", "image", "string")}
 
 
@@ -89,8 +86,7 @@ def _open_parquet(path: Path):
 
     ``pq.ParquetFile`` wraps this same reader (``pyarrow._parquet.ParquetReader``, the same
     API in pyarrow 15.0.2 and 25.0.1, the ends of the pinned range) and adds Python set-up
-    per file (filesystem resolution, a map of nested column paths); for 432 episode files
-    that set-up and ``ParquetFile.read`` cost ~8 ms of a ~110 ms read on the 2-core machine.
+    per file (filesystem resolution, a map of nested column paths) that this path skips.
     """
     import pyarrow as pa
     from pyarrow._parquet import ParquetReader
@@ -123,11 +119,10 @@ def load_columns(root: str | os.PathLike, files: list[Path] | None = None) -> di
 
     Files are read one after the other, each whole into memory, and only the numeric
     columns of meta/info.json are decoded (found by name in each file's schema; one
-    ``read_all`` per file, one ``concat_tables`` at the end). Measured on the 2-core machine
-    for 432 episode files (best of 15): ~110 ms, against ~220 ms for ``pyarrow.dataset`` on
-    the file list and ~260 ms for ``pq.read_table`` on it; two threads were no faster (~120 ms), a forked second process
-    saved ~10 % at the price of forking a notebook kernel, and polars, though it reads the
-    files in ~80 ms, takes ~280 ms to import.
+    ``read_all`` per file, one ``concat_tables`` at the end). ``benchmarks/bench_dataset.py``
+    measures it against the pandas reference; the alternatives it was chosen over
+    (``pyarrow.dataset``, ``pq.read_table`` on the list, threads, a forked process, polars) are
+    recorded with their figures in the closing notes of issue 3.
     """
     import pyarrow as pa
 
@@ -142,7 +137,7 @@ def load_columns(root: str | os.PathLike, files: list[Path] | None = None) -> di
     first_layout = first_leaves = types = None
     for f in files:
         reader = _open_parquet(f)
-        layout = reader.metadata.schema  # the parquet schema: comparing it costs ~1 us, the Arrow one ~25 us
+        layout = reader.metadata.schema  # the parquet schema: much cheaper to compare than the Arrow one
         if first_layout is not None and layout.equals(first_layout):
             leaves = first_leaves  # the common case: one schema for every episode
         else:
@@ -159,7 +154,7 @@ def load_columns(root: str | os.PathLike, files: list[Path] | None = None) -> di
             _check_types(f, schema, types, files[0])
         tables.append(reader.read_all(column_indices=leaves, use_threads=False))  # columns in our order
     try:
-        table = pa.concat_tables(tables)  # identical schemas: 0.3 ms for 432 tables
+        table = pa.concat_tables(tables)  # identical schemas: the cheap strict concat
     except pa.ArrowInvalid:  # another Arrow type under the same parquet layout (named), or nullability
         for f, t in zip(files, tables):
             _check_types(f, t.schema, types, files[0])
@@ -184,7 +179,7 @@ def column_stats(x: np.ndarray) -> dict:
     """mean/std/min/max/q01/q99 over axis 0 (float64 maths, lists out).
 
     Quantiles use linear interpolation (numpy's default), computed with one partial sort
-    of each dimension laid out contiguously (about 2x faster than ``np.quantile(axis=0)``)
+    of each dimension laid out contiguously (faster than ``np.quantile(axis=0)``)
     in the column's own dtype: the order statistics are the same values as in float64, and
     the interpolation and the sums are done in float64.
     """

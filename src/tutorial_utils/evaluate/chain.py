@@ -10,7 +10,6 @@ the EvalConfig names, the success signs recorded in ``status.json``."""
 
 from __future__ import annotations
 
-
 import dataclasses
 import json
 import os
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import logs as L
-
 from tutorial_utils.evaluate.loop import RESULTS_FILE, SERVER_LOG, EvalConfig, StageFailed, eval_log_name
 
 
@@ -86,7 +84,9 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
     # the children run in the run directory: every path they get is absolute
     checkpoint = os.fspath(_absolute(cfg.checkpoint)) if cfg.checkpoint else ""
     port = int(cfg.port) or free_port()
-    client_cfg = dataclasses.replace(cfg, checkpoint=checkpoint, port=port, host="127.0.0.1", output_dir=os.fspath(out_dir))
+    client_cfg = dataclasses.replace(
+        cfg, checkpoint=checkpoint, port=port, host="127.0.0.1", output_dir=os.fspath(out_dir)
+    )
     server_log, eval_log = rd / SERVER_LOG, rd / eval_log_name(cfg.suite)
     stages: dict[str, float] = {}
     py = sys.executable
@@ -98,19 +98,24 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
         server = subprocess.Popen(srv_cmd, stdout=srv_fh, stderr=subprocess.STDOUT, env=_child_env(), cwd=os.fspath(rd))
     try:
         try:
-            stages["server_up_s"] = round(wait_for_health("127.0.0.1", port, timeout=cfg.server_timeout,
-                                                          alive=lambda: server.poll() is None), 2)
+            stages["server_up_s"] = round(
+                wait_for_health("127.0.0.1", port, timeout=cfg.server_timeout, alive=lambda: server.poll() is None), 2
+            )
         except ServerUnavailable as exc:
             _stop(server)
             d = L.diagnose(rd)
             jobs.update_status(rd, stage="server", success_signs=d.signs)
-            raise StageFailed("server", f"{exc}\n{_causes(d)}--- server.log (tail) ---\n{_tail(server_log)}", rd) from None
+            raise StageFailed(
+                "server", f"{exc}\n{_causes(d)}--- server.log (tail) ---\n{_tail(server_log)}", rd
+            ) from None
         params.write_json(client_cfg, rd / CLIENT_CONFIG)
         cli_cmd = [py, "-m", "tutorial_utils", "eval", "--config", os.fspath(rd / CLIENT_CONFIG)]
         jobs.update_status(rd, stage="evaluation")
         t_client = time.monotonic()
         with open(eval_log, "w", encoding="utf-8") as ev_fh:
-            client = subprocess.Popen(cli_cmd, stdout=ev_fh, stderr=subprocess.STDOUT, env=_child_env(), cwd=os.fspath(rd))
+            client = subprocess.Popen(
+                cli_cmd, stdout=ev_fh, stderr=subprocess.STDOUT, env=_child_env(), cwd=os.fspath(rd)
+            )
             try:
                 rc = client.wait(cfg.client_timeout)
             except subprocess.TimeoutExpired:
@@ -122,13 +127,21 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
     d = L.diagnose(rd)
     results_path = out_dir / RESULTS_FILE
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    jobs.update_status(rd, stage="done" if d.ok and rc == 0 else (d.failed_stage or "evaluation"), success_signs=d.signs,
-                       eval={"success_rate": results.get("success_rate"), "episodes": results.get("total_episodes")})
+    jobs.update_status(
+        rd,
+        stage="done" if d.ok and rc == 0 else (d.failed_stage or "evaluation"),
+        success_signs=d.signs,
+        eval={"success_rate": results.get("success_rate"), "episodes": results.get("total_episodes")},
+    )
     if rc != 0 or not d.ok:
         stage = d.failed_stage or "evaluation"
         why = "timed out" if rc is None else f"exited with code {rc}"
-        raise StageFailed(stage, f"the LIBERO client {why}.\n{_causes(d)}--- {eval_log.name} (tail) ---\n{_tail(eval_log)}\n"
-                                 f"--- server.log (tail) ---\n{_tail(server_log, 8)}", rd)
+        raise StageFailed(
+            stage,
+            f"the LIBERO client {why}.\n{_causes(d)}--- {eval_log.name} (tail) ---\n{_tail(eval_log)}\n"
+            f"--- server.log (tail) ---\n{_tail(server_log, 8)}",
+            rd,
+        )
     if out_dir != rd:
         shutil.copy2(results_path, rd / RESULTS_FILE)
     return ChainResult(rd, results, d, server_log, eval_log, round(time.monotonic() - t0, 1), stages)
@@ -159,6 +172,3 @@ def _causes(d) -> str:
 
 
 # --- promotion into the book --------------------------------------------------------------------
-
-
-

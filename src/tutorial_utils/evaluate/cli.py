@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-
 import argparse
 import sys
 
-
 from tutorial_utils.evaluate.loop import EvalConfig, run_evaluation
-
 
 
 def main(argv: list[str]) -> int:
     from tutorial_utils import params
     from tutorial_utils.errors import TutorialError
 
-    ap = argparse.ArgumentParser(prog="python -m tutorial_utils eval",
-                                 description="Run the LIBERO evaluation client against a running policy server "
-                                             "(the evaluation job starts both; see notebooks/jobs/evaluate.md).")
-    ap.add_argument("--config", default=None, help="a JSON file of EvalConfig parameters (what the job writes); "
-                                                   "options given beside it override it")
+    ap = argparse.ArgumentParser(
+        prog="python -m tutorial_utils eval",
+        description="Run the LIBERO evaluation client against a running policy server "
+        "(the evaluation job starts both; see notebooks/jobs/evaluate.md).",
+    )
+    ap.add_argument(
+        "--config",
+        default=None,
+        help="a JSON file of EvalConfig parameters (what the job writes); options given beside it override it",
+    )
     ap.add_argument("--list-params", action="store_true", help="print every parameter, default and meaning")
     params.add_arguments(ap, EvalConfig)
     a = ap.parse_args(argv)

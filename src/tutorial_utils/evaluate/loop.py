@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import sys
 import time
 import uuid
@@ -15,8 +14,6 @@ from tutorial_utils import logs as L
 from tutorial_utils.errors import ConfigError, TutorialError
 from tutorial_utils.io import atomic_path, atomic_write_json
 from tutorial_utils.params import param
-
-
 
 RESULTS_FILE = "results.json"
 SERVER_LOG = "server.log"
@@ -46,10 +43,15 @@ class EvalConfig:
     step limit, the policy's own ``replan_steps``.
     """
 
-    policy: str = param("expert", "policy to serve (registry name: expert, zero, mini, mlp, ...; dit4dit runs "
-                                  "on its own GPU checkout)", "server")
+    policy: str = param(
+        "expert",
+        "policy to serve (registry name: expert, zero, mini, mlp, ...; dit4dit runs on its own GPU checkout)",
+        "server",
+    )
     checkpoint: str = param("", "checkpoint directory of a trained policy (e.g. runs/<id>/checkpoints/last)", "server")
-    suite: str = param("libero_spatial", "LIBERO suite: libero_spatial, libero_object, libero_goal, libero_10, libero_90")
+    suite: str = param(
+        "libero_spatial", "LIBERO suite: libero_spatial, libero_object, libero_goal, libero_10, libero_90"
+    )
     task_ids: str = param("all", "tasks to run: all, 0-4, 0,3 (one parser: tutorial_utils.params.parse_task_ids)")
     trials_per_task: int = param(1, "episodes per task (init states 0, 1, ...; the benchmark uses 50)")
     seed: int = param(7, "seed of the client's numpy RNG")
@@ -59,8 +61,9 @@ class EvalConfig:
     env_image_size: int = param(128, "camera render size (LIBERO's reference is 256)")
     max_steps: int | None = param(None, "step limit per episode (None: the suite's limit, spatial 220)")
     num_steps_wait: int = param(10, "settle steps with a do-nothing action before the policy acts")
-    replan_steps: int | None = param(None, "actions of each chunk executed before asking again (None: the "
-                                           "server's metadata)")
+    replan_steps: int | None = param(
+        None, "actions of each chunk executed before asking again (None: the server's metadata)"
+    )
     protocol: str = param("openpi", "request shape: openpi | dit4dit")
     output_dir: str = param("", "results.json and videos/ (empty: the run directory)")
     videos: bool = param(True, "write one mp4 per episode")
@@ -91,30 +94,22 @@ class EvalConfig:
 # --- small pieces (tested without LIBERO) ----------------------------------------------------------
 
 
-def resize_image(img, size: int | None):
-    """Square-resize an HxWx3 uint8 image to ``size`` (bilinear); unchanged when it already fits."""
-    import numpy as np
-
-    if size is None or img.shape[:2] == (size, size):
-        return img
-    from PIL import Image
-
-    return np.asarray(Image.fromarray(np.ascontiguousarray(img)).resize((int(size), int(size)), Image.BILINEAR))
-
-
 def to_env_action(action, gripper: str = "robosuite"):
     """A policy action -> the robosuite action: clipped to [-1, 1]; a ``"dataset"``-convention
-    gripper (1 open, -1 close) is flipped to robosuite's (-1 open, +1 close) and binarised."""
+    gripper (1 open, -1 close) goes through the package's one conversion,
+    :func:`tutorial_utils.data.libero_schema.dataset_action_to_env` (flipped to robosuite's -1 open,
+    +1 close and binarised). Our server answers openpi requests in robosuite's convention already
+    (its metadata says ``gripper: "robosuite"``), so this usually only clips."""
     import numpy as np
 
-    a = np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[:7], -1.0, 1.0)
+    from tutorial_utils.data.libero_schema import action_to_env
+
+    a = np.asarray(action, dtype=np.float64).reshape(-1)[:7]
     if a.shape != (7,):
-        raise ValueError(f"a LIBERO action has 7 numbers (dx dy dz droll dpitch dyaw gripper), the policy sent {a.shape}")
-    if gripper == "dataset":
-        a[6] = -1.0 if a[6] > 0 else 1.0
-    elif gripper != "robosuite":
-        raise ValueError(f"unknown gripper convention {gripper!r} in the server metadata: use 'robosuite' or 'dataset'")
-    return a
+        raise ValueError(
+            f"a LIBERO action has 7 numbers (dx dy dz droll dpitch dyaw gripper), the policy sent {a.shape}"
+        )
+    return np.clip(action_to_env(a, gripper), -1.0, 1.0)
 
 
 def suite_max_steps(suite: str, override: int | None = None) -> int:
@@ -132,8 +127,16 @@ def write_video(path: Path, frames: list, fps: int = VIDEO_FPS) -> Path:
     import imageio.v2 as imageio
 
     with atomic_path(path, suffix=".mp4") as tmp:
-        with imageio.get_writer(tmp, format="FFMPEG", fps=fps, codec="libx264", quality=6, macro_block_size=16,
-                                pixelformat="yuv420p", ffmpeg_log_level="error") as w:
+        with imageio.get_writer(
+            tmp,
+            format="FFMPEG",
+            fps=fps,
+            codec="libx264",
+            quality=6,
+            macro_block_size=16,
+            pixelformat="yuv420p",
+            ffmpeg_log_level="error",
+        ) as w:
             for f in frames:
                 w.append_data(f)
     return path
@@ -156,6 +159,7 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
     """One episode; returns ``{success, steps, wall_s, frames}`` (steps after the settle steps)."""
     import numpy as np
 
+    from tutorial_utils.data.images import resize
     from tutorial_utils.policies import base as P
     from tutorial_utils.serve.protocol import ServingError, reply_actions
     from tutorial_utils.sim.libero_env import SETTLE_ACTION
@@ -163,7 +167,11 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
     t0 = time.monotonic()
     image_size = meta.get("image_size")
     replan = int(cfg.replan_steps or meta.get("replan_steps") or meta.get("action_horizon") or 1)
+    # the convention of the actions in the replies: our server answers openpi requests in robosuite's
+    # (metadata "gripper") and DiT4DiT requests in the policy's own ("policy_gripper")
     gripper = meta.get("gripper", "robosuite")
+    if cfg.protocol == "dit4dit":
+        gripper = meta.get("policy_gripper", gripper)
     needs_priv = bool(meta.get("needs_privileged"))
     episode_id = uuid.uuid4().hex
     obs = env.reset(init_state)
@@ -178,14 +186,17 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
             frames.append(primary)
         if not plan:
             request = {
-                P.IMAGE_KEY: resize_image(primary, image_size),
-                P.WRIST_KEY: resize_image(wrist, image_size),
+                P.IMAGE_KEY: resize(primary, image_size),
+                P.WRIST_KEY: resize(wrist, image_size),
                 P.STATE_KEY: np.asarray(env.state_vector(obs), dtype=np.float32),
                 P.PROMPT_KEY: env.task_language,
             }
             if needs_priv:
-                request[P.PRIVILEGED_KEY] = {"episode_id": episode_id, "task_info": task_info,
-                                                   "obs": env.privileged_observation()}
+                request[P.PRIVILEGED_KEY] = {
+                    "episode_id": episode_id,
+                    "task_info": task_info,
+                    "obs": env.privileged_observation(),
+                }
             chunk = reply_actions(client.infer(request))
             if len(chunk) == 0:
                 raise ServingError("the policy server replied with an empty action chunk")
@@ -201,8 +212,17 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
 
 
 def _results_skeleton(cfg: EvalConfig, meta: dict) -> dict:
-    return {"suite": cfg.suite, "policy": meta, "config": asdict(cfg), "tasks": [], "total_episodes": 0,
-            "total_successes": 0, "success_rate": None, "wall_s": 0.0, "finished": False}
+    return {
+        "suite": cfg.suite,
+        "policy": meta,
+        "config": asdict(cfg),
+        "tasks": [],
+        "total_episodes": 0,
+        "total_successes": 0,
+        "success_rate": None,
+        "wall_s": 0.0,
+        "finished": False,
+    }
 
 
 def run_evaluation(cfg: EvalConfig, out=None) -> dict:
@@ -218,19 +238,32 @@ def run_evaluation(cfg: EvalConfig, out=None) -> dict:
     out_dir = Path(cfg.output_dir or ".")
     out_dir.mkdir(parents=True, exist_ok=True)
     max_steps = suite_max_steps(cfg.suite, cfg.max_steps)
-    client = PolicyClient(cfg.host, cfg.port, connect_timeout=cfg.connect_timeout,
-                                  recv_timeout=cfg.recv_timeout, protocol=cfg.protocol)
+    client = PolicyClient(
+        cfg.host, cfg.port, connect_timeout=cfg.connect_timeout, recv_timeout=cfg.recv_timeout, protocol=cfg.protocol
+    )
     meta = dict(client.metadata)
     results = _results_skeleton(cfg, meta)
     task_ids = cfg.task_list or list(range(libero_env.num_tasks(cfg.suite)))
     total_eps = total_ok = 0
     try:
         for task_id in task_ids:
-            env = libero_env.make_env(cfg.suite, int(task_id), init_state=0, image_size=cfg.env_image_size,
-                                      render_profile=cfg.render_profile, cameras=True)
+            env = libero_env.make_env(
+                cfg.suite,
+                int(task_id),
+                init_state=0,
+                image_size=cfg.env_image_size,
+                render_profile=cfg.render_profile,
+                cameras=True,
+            )
             try:
                 info = env.info.to_dict() if hasattr(env, "info") else {"suite": cfg.suite, "task_id": int(task_id)}
-                task = {"task_id": int(task_id), "task": env.task_language, "episodes": [], "successes": 0, "success_rate": None}
+                task = {
+                    "task_id": int(task_id),
+                    "task": env.task_language,
+                    "episodes": [],
+                    "successes": 0,
+                    "success_rate": None,
+                }
                 results["tasks"].append(task)
                 say(L.EVAL_TASK, task=env.task_language)
                 task_eps = task_ok = 0
@@ -247,15 +280,27 @@ def run_evaluation(cfg: EvalConfig, out=None) -> dict:
                         name = f"{cfg.suite}_task{int(task_id):02d}_ep{trial:02d}_{'success' if ep['success'] else 'failure'}.mp4"
                         write_video(out_dir / VIDEOS_DIR / name, ep["frames"])
                         video = f"{VIDEOS_DIR}/{name}"
-                    task["episodes"].append({"episode": trial, "init_state": init_state, "success": ep["success"],
-                                             "steps": ep["steps"], "wall_s": ep["wall_s"], "video": video})
+                    task["episodes"].append(
+                        {
+                            "episode": trial,
+                            "init_state": init_state,
+                            "success": ep["success"],
+                            "steps": ep["steps"],
+                            "wall_s": ep["wall_s"],
+                            "video": video,
+                        }
+                    )
                     task["successes"] = task_ok
                     task["success_rate"] = task_ok / task_eps
                     say(L.EVAL_SUCCESS, success=ep["success"])
                     say(L.EVAL_EPISODES_SO_FAR, n=total_eps)
                     say(L.EVAL_SUCCESSES, n=total_ok, pct=total_ok / total_eps * 100)
-                    results.update(total_episodes=total_eps, total_successes=total_ok, success_rate=total_ok / total_eps,
-                                   wall_s=round(time.monotonic() - t_start, 1))
+                    results.update(
+                        total_episodes=total_eps,
+                        total_successes=total_ok,
+                        success_rate=total_ok / total_eps,
+                        wall_s=round(time.monotonic() - t_start, 1),
+                    )
                     atomic_write_json(out_dir / RESULTS_FILE, results)
                 say(L.EVAL_TASK_RATE, rate=float(task_ok) / float(task_eps) if task_eps else 0.0)
                 say(L.EVAL_TOTAL_RATE_SO_FAR, rate=float(total_ok) / float(total_eps) if total_eps else 0.0)
@@ -273,23 +318,21 @@ def run_evaluation(cfg: EvalConfig, out=None) -> dict:
 # --- the two-process chain (the evaluation job) -----------------------------------------------------
 
 
-
-
 def results_table(results: dict) -> list[dict]:
     """One row per task: id, language, successes/episodes, mean steps, wall time."""
     rows = []
     for t in results.get("tasks", []):
         eps = t.get("episodes", [])
-        rows.append({
-            "task_id": t.get("task_id"), "task": t.get("task"),
-            "success": f"{sum(bool(e['success']) for e in eps)}/{len(eps)}",
-            "steps": round(sum(e["steps"] for e in eps) / len(eps), 1) if eps else None,
-            "wall_s": round(sum(e["wall_s"] for e in eps), 1),
-        })
+        rows.append(
+            {
+                "task_id": t.get("task_id"),
+                "task": t.get("task"),
+                "success": f"{sum(bool(e['success']) for e in eps)}/{len(eps)}",
+                "steps": round(sum(e["steps"] for e in eps) / len(eps), 1) if eps else None,
+                "wall_s": round(sum(e["wall_s"] for e in eps), 1),
+            }
+        )
     return rows
 
 
 # --- CLI --------------------------------------------------------------------------------------------
-
-
-

@@ -58,7 +58,9 @@ def family(name: str) -> type:
     """The TrainablePolicy class registered as ``name`` (a clear error for serving-only names)."""
     target = _resolve(name)
     if not _is_trainable(target):
-        raise PolicyUnavailable(f"policy {name!r} is served but not trained here; trainable families: {', '.join(trainable())}")
+        raise PolicyUnavailable(
+            f"policy {name!r} is served but not trained here; trainable families: {', '.join(trainable())}"
+        )
     return target
 
 
@@ -81,8 +83,10 @@ def make_policy(name: str, checkpoint: str | None = None, **kwargs: Any) -> Poli
     if not _is_trainable(target):
         return target(checkpoint=checkpoint, **kwargs)
     if not checkpoint:
-        raise PolicyUnavailable(f"policy {name!r} needs a checkpoint: pass checkpoint=<run_dir>/checkpoints/last "
-                                "(job parameter `checkpoint`, CLI --checkpoint).")
+        raise PolicyUnavailable(
+            f"policy {name!r} needs a checkpoint: pass checkpoint=<run_dir>/checkpoints/last "
+            "(job parameter `checkpoint`, CLI --checkpoint)."
+        )
     from tutorial_utils.policies.checkpoint import read_checkpoint_config
 
     model = target.load(checkpoint, device=kwargs.pop("device", "cpu"))

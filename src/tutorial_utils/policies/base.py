@@ -29,7 +29,8 @@ actions in robot units, ``save(dir)`` / ``load(dir)`` (safetensors + ``config.js
 from __future__ import annotations
 
 import abc
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tutorial_utils.errors import TutorialError
 
@@ -81,7 +82,7 @@ class Policy(abc.ABC):
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         """One observation -> ``{"actions": (H, 7) float32, ...}``."""
 
-    def reset(self) -> None:
+    def reset(self) -> None:  # noqa: B027 - an optional hook, a no-op unless a policy keeps episode state
         """Forget any per-episode state."""
 
 
@@ -96,8 +97,12 @@ class ZeroPolicy(Policy):
 
     @property
     def metadata(self) -> dict[str, Any]:
-        return {**super().metadata, "image_size": self.image_size, "action_horizon": self.horizon,
-                "replan_steps": self.horizon}
+        return {
+            **super().metadata,
+            "image_size": self.image_size,
+            "action_horizon": self.horizon,
+            "replan_steps": self.horizon,
+        }
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         import numpy as np

@@ -14,8 +14,9 @@ import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from tutorial_utils.io import atomic_dir, atomic_write_json
 from tutorial_utils.policies.base import CheckpointError
@@ -50,7 +51,11 @@ def write_policy_files(policy, directory: Path, extra: Mapping[str, Any] | None 
         "version": CHECKPOINT_VERSION,
         "family": p.name,
         "policy": dataclasses.asdict(p.cfg),
-        "weights": {"file": WEIGHTS_FILE, "bytes": (directory / WEIGHTS_FILE).stat().st_size, "sha256": _sha256(directory / WEIGHTS_FILE)},
+        "weights": {
+            "file": WEIGHTS_FILE,
+            "bytes": (directory / WEIGHTS_FILE).stat().st_size,
+            "sha256": _sha256(directory / WEIGHTS_FILE),
+        },
         "parameters": p.parameter_counts(),
     }
     if extra:
@@ -76,13 +81,17 @@ def read_checkpoint_config(directory: str | os.PathLike) -> dict:
     d = Path(directory)
     cfg_path = d / CONFIG_FILE
     if not d.is_dir():
-        raise CheckpointError(f"checkpoint directory {d} does not exist; pass a directory that holds {WEIGHTS_FILE} and {CONFIG_FILE}.")
+        raise CheckpointError(
+            f"checkpoint directory {d} does not exist; pass a directory that holds {WEIGHTS_FILE} and {CONFIG_FILE}."
+        )
     if not cfg_path.is_file():
         raise CheckpointError(f"{cfg_path} is missing; {d} is not a checkpoint written by tutorial_utils.policies.")
     try:
         manifest = json.loads(cfg_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_path} is corrupted ({exc}); use another checkpoint (for example checkpoints/last or a step_* one).") from None
+        raise CheckpointError(
+            f"{cfg_path} is corrupted ({exc}); use another checkpoint (for example checkpoints/last or a step_* one)."
+        ) from None
     fmt = manifest.get("format") if isinstance(manifest, dict) else None
     if fmt in LEGACY_FORMATS and "policy" in manifest:
         manifest.setdefault("family", LEGACY_FORMATS[fmt])
@@ -104,7 +113,9 @@ def load_state_dict_checked(directory: str | os.PathLike, verify: bool = True) -
     manifest = read_checkpoint_config(d)
     wpath = d / WEIGHTS_FILE
     if not wpath.is_file():
-        raise CheckpointError(f"{wpath} is missing; the checkpoint is incomplete. Use another one (checkpoints/last, a step_* one).")
+        raise CheckpointError(
+            f"{wpath} is missing; the checkpoint is incomplete. Use another one (checkpoints/last, a step_* one)."
+        )
     info = manifest.get("weights", {})
     if verify and info:
         size = wpath.stat().st_size
@@ -122,7 +133,9 @@ def load_state_dict_checked(directory: str | os.PathLike, verify: bool = True) -
     try:
         state = load_file(str(wpath))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{wpath} cannot be read as safetensors ({exc}); the file is corrupted. Use another checkpoint.") from None
+        raise CheckpointError(
+            f"{wpath} cannot be read as safetensors ({exc}); the file is corrupted. Use another checkpoint."
+        ) from None
     return state, manifest
 
 
@@ -165,13 +178,17 @@ def load_policy(checkpoint_dir: str | os.PathLike, family: type, device: str = "
     d = Path(checkpoint_dir)
     manifest = read_checkpoint_config(d)
     if family.name != manifest["family"]:
-        raise CheckpointError(f"{d / CONFIG_FILE} is a {manifest['family']!r} checkpoint, not {family.name!r}; "
-                              "load it with tutorial_utils.policies.load(dir), which picks the family for you.")
+        raise CheckpointError(
+            f"{d / CONFIG_FILE} is a {manifest['family']!r} checkpoint, not {family.name!r}; "
+            "load it with tutorial_utils.policies.load(dir), which picks the family for you."
+        )
     try:
         cfg = params.from_mapping(family.config_class, manifest["policy"], str(d / CONFIG_FILE))
     except params.ConfigError as exc:
-        raise CheckpointError(f"{d / CONFIG_FILE}: {exc} The checkpoint was written by another version of the "
-                              f"{family.name!r} family; retrain, or load it with the version that wrote it.") from None
+        raise CheckpointError(
+            f"{d / CONFIG_FILE}: {exc} The checkpoint was written by another version of the "
+            f"{family.name!r} family; retrain, or load it with the version that wrote it."
+        ) from None
     policy = family(cfg, read_statistics(d / STATS_FILE))
     load_weights_into(policy, d)
     return policy.to(device).eval()

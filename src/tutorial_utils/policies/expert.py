@@ -58,6 +58,5 @@ class ExpertPolicy(Policy):
         return {"actions": action}
 
 
-
 def make_expert(checkpoint: str | None = None, **kw: Any) -> Policy:
     return ExpertPolicy(**kw)

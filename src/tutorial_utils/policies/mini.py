@@ -30,8 +30,9 @@ from __future__ import annotations
 import math
 import re
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,8 +49,8 @@ from tutorial_utils.policies.base import (
     BATCH_TASK,
     BATCH_WRIST,
 )
-from tutorial_utils.policies.trainable import TrainablePolicy
 from tutorial_utils.policies.normalize import EMBODIMENT, STATS_FILE, ActionNormalizer, StatisticsError
+from tutorial_utils.policies.trainable import TrainablePolicy
 
 # --- config -----------------------------------------------------------------------------------
 
@@ -77,8 +78,17 @@ class PolicyConfig:
             raise ConfigError(f"model_dim={self.model_dim} must be divisible by num_heads={self.num_heads}")
         if self.image_size < 16 or self.image_size % 16:
             raise ConfigError(f"image_size={self.image_size} must be a multiple of 16 (>= 16)")
-        for name in ("model_dim", "num_heads", "action_depth", "num_inference_steps", "action_horizon", "action_dim",
-                     "state_dim", "vocab_size", "max_words"):
+        for name in (
+            "model_dim",
+            "num_heads",
+            "action_depth",
+            "num_inference_steps",
+            "action_horizon",
+            "action_dim",
+            "state_dim",
+            "vocab_size",
+            "max_words",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.language_layers < 0:
@@ -154,7 +164,11 @@ class LanguageEncoder(nn.Module):
         layer = nn.TransformerEncoderLayer(
             d, cfg.num_heads, int(d * cfg.mlp_ratio), cfg.dropout, activation="gelu", batch_first=True, norm_first=True
         )
-        self.encoder = nn.TransformerEncoder(layer, cfg.language_layers, enable_nested_tensor=False) if cfg.language_layers else None
+        self.encoder = (
+            nn.TransformerEncoder(layer, cfg.language_layers, enable_nested_tensor=False)
+            if cfg.language_layers
+            else None
+        )
         self.norm = nn.LayerNorm(d)
 
     def forward(self, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
@@ -353,7 +367,9 @@ class MiniPolicy(nn.Module, TrainablePolicy):
 
     # -- inference
     @torch.no_grad()
-    def sample(self, batch: Mapping[str, Any], generator: torch.Generator | None = None, steps: int | None = None) -> torch.Tensor:
+    def sample(
+        self, batch: Mapping[str, Any], generator: torch.Generator | None = None, steps: int | None = None
+    ) -> torch.Tensor:
         """Normalised action chunk (B,H,D): Euler from t=1 (noise) to t=0 in ``steps`` steps."""
         ctx, ctx_pad = self.encode(batch)
         B = ctx.shape[0]
@@ -400,5 +416,3 @@ def _beta_sample(a: float, b: float, n: int, generator: torch.Generator | None) 
         raise NotImplementedError("seeded Beta sampling is implemented for b == 1 (DiT4DiT's Beta(1.5, 1.0))")
     u = torch.rand(n, generator=generator)
     return u.pow(1.0 / a)
-
-

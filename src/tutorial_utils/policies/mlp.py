@@ -10,8 +10,9 @@ denoising steps: what the flow-matching DiT adds over it is what the comparison 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,8 +28,8 @@ from tutorial_utils.policies.base import (
     BATCH_STATE,
     BATCH_TASK,
 )
-from tutorial_utils.policies.trainable import TrainablePolicy
 from tutorial_utils.policies.normalize import ActionNormalizer, StatisticsError
+from tutorial_utils.policies.trainable import TrainablePolicy
 
 
 @dataclass
@@ -62,8 +63,9 @@ class MLPPolicy(nn.Module, TrainablePolicy):
         c = self.cfg
         self.task_embedding = nn.Embedding(c.task_buckets, 16)
         inputs = len(BATCH_CAMERAS) * 3 * c.pool * c.pool + c.state_dim + 16
-        self.net = nn.Sequential(nn.Linear(inputs, c.hidden_dim), nn.GELU(),
-                                 nn.Linear(c.hidden_dim, c.action_horizon * c.action_dim))
+        self.net = nn.Sequential(
+            nn.Linear(inputs, c.hidden_dim), nn.GELU(), nn.Linear(c.hidden_dim, c.action_horizon * c.action_dim)
+        )
         self.statistics: dict = dict(statistics) if statistics is not None else {}
         self.normalizer = ActionNormalizer.from_statistics(statistics) if statistics is not None else None
 
@@ -91,17 +93,26 @@ class MLPPolicy(nn.Module, TrainablePolicy):
         if self.normalizer is None:
             raise StatisticsError("the mlp policy has no dataset statistics; build it with MLPPolicy(cfg, statistics)")
         pred = self._chunk(batch)
-        target = self.normalizer.normalize(torch.as_tensor(np.array(batch[BATCH_ACTION], dtype=np.float32)).to(pred.device))
+        target = self.normalizer.normalize(
+            torch.as_tensor(np.array(batch[BATCH_ACTION], dtype=np.float32)).to(pred.device)
+        )
         mask = torch.ones_like(pred)
         if batch.get(BATCH_ACTION_IS_PAD) is not None:
-            mask = (~torch.as_tensor(np.array(batch[BATCH_ACTION_IS_PAD], dtype=bool))).to(pred.device).float()[..., None].expand_as(pred)
+            mask = (
+                (~torch.as_tensor(np.array(batch[BATCH_ACTION_IS_PAD], dtype=bool)))
+                .to(pred.device)
+                .float()[..., None]
+                .expand_as(pred)
+            )
         loss = ((pred - target) ** 2 * mask).sum() / mask.sum().clamp_min(1.0)
         return {"mse_loss": loss, "total_loss": loss}
 
     @torch.no_grad()
     def predict(self, batch: Mapping[str, Any], generator=None) -> np.ndarray:
         if self.normalizer is None:
-            raise StatisticsError("the mlp policy has no dataset statistics; load it with MLPPolicy.load(checkpoint_dir)")
+            raise StatisticsError(
+                "the mlp policy has no dataset statistics; load it with MLPPolicy.load(checkpoint_dir)"
+            )
         was_training = self.training
         self.eval()
         try:

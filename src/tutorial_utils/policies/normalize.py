@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,7 @@ class ActionNormalizer:
         self.span = np.where(span > 1e-8, span, 1.0).astype(np.float32)
 
     @classmethod
-    def from_statistics(cls, stats: Mapping[str, Any], source: str = STATS_FILE) -> "ActionNormalizer":
+    def from_statistics(cls, stats: Mapping[str, Any], source: str = STATS_FILE) -> ActionNormalizer:
         block = stats.get(EMBODIMENT)
         if not isinstance(block, Mapping) or "action" not in block:
             raise StatisticsError(
@@ -48,7 +49,9 @@ class ActionNormalizer:
         act = block["action"]
         missing = [k for k in ("min", "max") if k not in act]
         if missing:
-            raise StatisticsError(f"{source}: {EMBODIMENT}.action lacks {missing}; recompute it with tutorial_utils.stats.")
+            raise StatisticsError(
+                f"{source}: {EMBODIMENT}.action lacks {missing}; recompute it with tutorial_utils.stats."
+            )
         low = np.asarray(act["min"], dtype=np.float32)
         mask = act.get("mask")
         if mask is None:  # DiT4DiT's default for LIBERO: every dim but the last (gripper)
@@ -91,10 +94,11 @@ def read_statistics(path: str | os.PathLike) -> dict:
     try:
         stats = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise StatisticsError(f"{path} is not valid JSON ({exc}); delete it and recompute it with tutorial_utils.stats.") from None
+        raise StatisticsError(
+            f"{path} is not valid JSON ({exc}); delete it and recompute it with tutorial_utils.stats."
+        ) from None
     ActionNormalizer.from_statistics(stats, source=str(path))
     return stats
-
 
 
 def _is_tensor(x) -> bool:

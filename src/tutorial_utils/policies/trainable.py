@@ -4,7 +4,8 @@ for the serving interface and the batch keys)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from tutorial_utils.policies import checkpoint
 from tutorial_utils.policies.base import Policy, observation_to_batch
@@ -70,11 +71,18 @@ class TrainablePolicy:
         trainable = sum(p.numel() for p in params if p.requires_grad)
         return {"total": total, "trainable": trainable, "frozen": total - trainable}
 
-    def serving_policy(self, checkpoint: str = "", replan_steps: int | None = None, gripper: str | None = None,
-                       seed: int | None = 0, image_size: int | None = None) -> Policy:
+    def serving_policy(
+        self,
+        checkpoint: str = "",
+        replan_steps: int | None = None,
+        gripper: str | None = None,
+        seed: int | None = 0,
+        image_size: int | None = None,
+    ) -> Policy:
         """This model behind the serving :class:`Policy` interface."""
-        return ServedModel(self, checkpoint=checkpoint, replan_steps=replan_steps, gripper=gripper, seed=seed,
-                           image_size=image_size)
+        return ServedModel(
+            self, checkpoint=checkpoint, replan_steps=replan_steps, gripper=gripper, seed=seed, image_size=image_size
+        )
 
 
 def make_config(family: type, config: Any = None):
@@ -88,7 +96,9 @@ def make_config(family: type, config: Any = None):
         return config
     if isinstance(config, Mapping):
         return params.from_mapping(cls, config, f"`python -m tutorial_utils train --list-params policy={family.name}`")
-    raise TypeError(f"policy {family.name!r}: config must be a {cls.__name__}, a mapping or None, got {type(config).__name__}")
+    raise TypeError(
+        f"policy {family.name!r}: config must be a {cls.__name__}, a mapping or None, got {type(config).__name__}"
+    )
 
 
 class ServedModel(Policy):
@@ -98,8 +108,15 @@ class ServedModel(Policy):
     (None: random); ``gripper`` and ``image_size`` default to what the checkpoint's dataset said.
     """
 
-    def __init__(self, model, checkpoint: str = "", replan_steps: int | None = None, gripper: str | None = None,
-                 seed: int | None = 0, image_size: int | None = None):
+    def __init__(
+        self,
+        model,
+        checkpoint: str = "",
+        replan_steps: int | None = None,
+        gripper: str | None = None,
+        seed: int | None = 0,
+        image_size: int | None = None,
+    ):
         self.model, self.checkpoint, self.seed = model, str(checkpoint or ""), seed
         self.name = model.name
         self._replan, self._gripper, self._image_size = replan_steps, gripper, image_size
@@ -107,9 +124,14 @@ class ServedModel(Policy):
     @property
     def metadata(self) -> dict[str, Any]:
         h = self.model.action_horizon
-        return {**super().metadata, "image_size": self._image_size or self.model.image_size, "action_horizon": h,
-                "replan_steps": int(self._replan or h), "gripper": self._gripper or self.model.gripper,
-                "checkpoint": self.checkpoint}
+        return {
+            **super().metadata,
+            "image_size": self._image_size or self.model.image_size,
+            "action_horizon": h,
+            "replan_steps": int(self._replan or h),
+            "gripper": self._gripper or self.model.gripper,
+            "checkpoint": self.checkpoint,
+        }
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         import torch
@@ -120,9 +142,9 @@ class ServedModel(Policy):
     def normalize_actions(self, actions):
         """Robot units -> the normalised space of ``dataset_statistics.json`` (what a DiT4DiT
         client expects under ``data.normalized_actions``; it un-normalises itself)."""
-        from tutorial_utils.policies.normalize import ActionNormalizer
-
         import numpy as np
+
+        from tutorial_utils.policies.normalize import ActionNormalizer
 
         norm = ActionNormalizer.from_statistics(self.model.statistics)
         return norm.normalize(np.asarray(actions, dtype=np.float32)).astype(np.float32)

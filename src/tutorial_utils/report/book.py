@@ -38,9 +38,8 @@ WIDGET_FONT_DIRS = (
 )
 VENDOR_FILES = {
     "requirejs@2.3.7": [("package/require.js", VENDOR_DIR)],
-    "@jupyter-widgets/html-manager@1.0.6": [("package/dist/embed-amd.js", VENDOR_DIR)] + [
-        (f"package/dist/*.{ext}", folder) for ext in ("woff2", "woff", "ttf") for folder in WIDGET_FONT_DIRS
-    ],
+    "@jupyter-widgets/html-manager@1.0.6": [("package/dist/embed-amd.js", VENDOR_DIR)]
+    + [(f"package/dist/*.{ext}", folder) for ext in ("woff2", "woff", "ttf") for folder in WIDGET_FONT_DIRS],
     "mathjax@3.2.2": [
         ("package/es5/tex-mml-chtml.js", VENDOR_DIR / "mathjax"),
         ("package/es5/output/chtml/fonts/woff-v2/*", VENDOR_DIR / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2"),
@@ -78,7 +77,9 @@ def toc_files(root: Path = paths.REPO) -> list[Path]:
                 files.append(cand)
                 break
         else:
-            raise FileNotFoundError(f"_toc.yml lists {entry!r} but neither {entry}.md nor {entry}.ipynb exists under {root}")
+            raise FileNotFoundError(
+                f"_toc.yml lists {entry!r} but neither {entry}.md nor {entry}.ipynb exists under {root}"
+            )
     return files
 
 
@@ -179,15 +180,19 @@ def vendor_widgets(stamp: Path = VENDOR_STAMP) -> list[Path]:
 
     from tutorial_utils.io import atomic_write_bytes, atomic_write_text
 
-    digest = hashlib.sha256(repr(sorted((k, [(m, os.fspath(d)) for m, d in v]) for k, v in VENDOR_FILES.items())).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        repr(sorted((k, [(m, os.fspath(d)) for m, d in v]) for k, v in VENDOR_FILES.items())).encode()
+    ).hexdigest()[:16]
     if stamp.is_file():
         lines = stamp.read_text().split()
         if lines and lines[0] == digest and all(Path(p).is_file() for p in lines[1:]):
             return [Path(p) for p in lines[1:]]
     npm = shutil.which("npm")
     if not npm:
-        raise RuntimeError("the book's JavaScript is not vendored yet and npm is not installed: install Node.js/npm "
-                           "(Debian: `apt-get install -y npm`) and rerun `make vendor`")
+        raise RuntimeError(
+            "the book's JavaScript is not vendored yet and npm is not installed: install Node.js/npm "
+            "(Debian: `apt-get install -y npm`) and rerun `make vendor`"
+        )
     got: list[Path] = []
     for spec, members in VENDOR_FILES.items():
         with tempfile.TemporaryDirectory() as tmp:

@@ -10,7 +10,8 @@ the flow-matching head, and lays out the three time scales with their numbers.
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -48,8 +49,7 @@ def describe(x: Any) -> str:
     return type(x).__name__
 
 
-def episode_batch(episode: Mapping[str, np.ndarray], starts: Sequence[int], horizon: int,
-                  instruction: str) -> dict:
+def episode_batch(episode: Mapping[str, np.ndarray], starts: Sequence[int], horizon: int, instruction: str) -> dict:
     """A policy batch in LeRobot's key names from one episode (``synth.synth_episode`` /
     LeRobot column names).
 
@@ -82,13 +82,25 @@ def action_statistics(action: np.ndarray) -> dict:
     gripper raw, as DiT4DiT's ``libero_franka``)."""
     a = np.asarray(action, np.float32).reshape(-1, np.shape(action)[-1])
     mask = [True] * (a.shape[1] - 1) + [False]
-    return {"franka": {"action": {"min": a.min(0).tolist(), "max": a.max(0).tolist(), "mean": a.mean(0).tolist(),
-                                  "std": a.std(0).tolist(), "mask": mask},
-                       "state": {}, "num_trajectories": 1, "num_transitions": int(a.shape[0])}}
+    return {
+        "franka": {
+            "action": {
+                "min": a.min(0).tolist(),
+                "max": a.max(0).tolist(),
+                "mean": a.mean(0).tolist(),
+                "std": a.std(0).tolist(),
+                "mask": mask,
+            },
+            "state": {},
+            "num_trajectories": 1,
+            "num_transitions": int(a.shape[0]),
+        }
+    }
 
 
-def trace_shapes(policy, batch: Mapping[str, Any], stages: Sequence[tuple[str, str]] = STAGES,
-                 generator=None) -> list[dict]:
+def trace_shapes(
+    policy, batch: Mapping[str, Any], stages: Sequence[tuple[str, str]] = STAGES, generator=None
+) -> list[dict]:
     """Run one real training forward pass (``policy.loss``) and record, with forward hooks,
     the input and output shapes of each module in ``stages`` (its first call)."""
     import torch
@@ -105,8 +117,14 @@ def trace_shapes(policy, batch: Mapping[str, Any], stages: Sequence[tuple[str, s
             if name in seen:
                 seen[name]["calls"] += 1
                 return
-            seen[name] = {"module": name, "what": what, "inputs": describe(tuple(inputs)),
-                          "output": describe(output), "calls": 1}
+            seen[name] = {
+                "module": name,
+                "what": what,
+                "inputs": describe(tuple(inputs)),
+                "output": describe(output),
+                "calls": 1,
+            }
+
         return hook
 
     try:
@@ -118,8 +136,15 @@ def trace_shapes(policy, batch: Mapping[str, Any], stages: Sequence[tuple[str, s
         for h in handles:
             h.remove()
     rows = [seen[name] for name, _ in stages if name in seen]
-    rows.append({"module": "loss", "what": "masked MSE to the target velocity", "inputs": "",
-                 "output": f"{float(out['total_loss']):.4f}", "calls": 1})
+    rows.append(
+        {
+            "module": "loss",
+            "what": "masked MSE to the target velocity",
+            "inputs": "",
+            "output": f"{float(out['total_loss']):.4f}",
+            "calls": 1,
+        }
+    )
     return rows
 
 
@@ -146,8 +171,9 @@ def freeze_report(policy, names: Sequence[str]) -> dict:
     return {**c, "ratio %": round(100.0 * c["trainable"] / c["total"], 2)}
 
 
-def fit_action_head(policy, batch: Mapping[str, Any], steps: int, lr: float = 3e-3, seed: int = 0,
-                    repeats: int = 8) -> list[float]:
+def fit_action_head(
+    policy, batch: Mapping[str, Any], steps: int, lr: float = 3e-3, seed: int = 0, repeats: int = 8
+) -> list[float]:
     """A few optimiser steps on one batch with the backbone frozen (the smoke test's setup):
     enough for the head to say something about this batch, not training. Returns the losses
     and leaves the backbone frozen.
@@ -207,28 +233,48 @@ def euler_path(policy, batch: Mapping[str, Any], steps: int | None = None, seed:
     return np.asarray(ts), np.stack(xs)
 
 
-def time_scales(fps: float = 20.0, horizon: int = 8, denoise_steps: int = 4,
-                executed: Mapping[str, int] | None = None) -> list[dict]:
+def time_scales(
+    fps: float = 20.0, horizon: int = 8, denoise_steps: int = 4, executed: Mapping[str, int] | None = None
+) -> list[dict]:
     """The three clocks of a DiT4DiT rollout, with numbers, one row per clock."""
     executed = dict(executed or {"DiT4DiT": horizon, "openpi": 5})
     dt_ms = 1000.0 / fps
     rows = [
-        {"clock": "video flow time (backbone)", "unit": "video denoising step",
-         "per policy call": "1 forward pass, hidden states of block 17 at the first (noisiest) step of the video schedule",
-         "numbers": "training also samples video times for future_video_loss on frames 2, 4, 6, 8"},
-        {"clock": "action flow time t (head)", "unit": "Euler step",
-         "per policy call": f"{denoise_steps} head passes, t = " + ", ".join(f"{1 - i / denoise_steps:g}" for i in range(denoise_steps)) + " -> 0",
-         "numbers": f"dt = {1 / denoise_steps:g}; training draws t ~ Beta(1.5, 1)"},
+        {
+            "clock": "video flow time (backbone)",
+            "unit": "video denoising step",
+            "per policy call": "1 forward pass, hidden states of block 17 at the first (noisiest) step of the video schedule",
+            "numbers": "training also samples video times for future_video_loss on frames 2, 4, 6, 8",
+        },
+        {
+            "clock": "action flow time t (head)",
+            "unit": "Euler step",
+            "per policy call": f"{denoise_steps} head passes, t = "
+            + ", ".join(f"{1 - i / denoise_steps:g}" for i in range(denoise_steps))
+            + " -> 0",
+            "numbers": f"dt = {1 / denoise_steps:g}; training draws t ~ Beta(1.5, 1)",
+        },
     ]
     for who, n in executed.items():
-        rows.append({"clock": f"robot control time ({who})", "unit": f"control step ({dt_ms:g} ms at {fps:g} fps)",
-                     "per policy call": f"{n} of the {horizon} actions executed, then a new call",
-                     "numbers": f"one call every {n * dt_ms:g} ms = {fps / n:g} calls per simulated second"})
+        rows.append(
+            {
+                "clock": f"robot control time ({who})",
+                "unit": f"control step ({dt_ms:g} ms at {fps:g} fps)",
+                "per policy call": f"{n} of the {horizon} actions executed, then a new call",
+                "numbers": f"one call every {n * dt_ms:g} ms = {fps / n:g} calls per simulated second",
+            }
+        )
     return rows
 
 
-def plot_euler_path(ts: np.ndarray, xs: np.ndarray, target: np.ndarray | None = None, sample: int = 0,
-                    names: Sequence[str] = ACTION_NAMES, fps: float = 20.0):
+def plot_euler_path(
+    ts: np.ndarray,
+    xs: np.ndarray,
+    target: np.ndarray | None = None,
+    sample: int = 0,
+    names: Sequence[str] = ACTION_NAMES,
+    fps: float = 20.0,
+):
     """One panel per action dimension: the chunk at each Euler step (light = noise at t=1,
     dark = the action at t=0) over the chunk's control steps; ``target`` dashed if given."""
     import matplotlib.pyplot as plt
@@ -246,9 +292,16 @@ def plot_euler_path(ts: np.ndarray, xs: np.ndarray, target: np.ndarray | None = 
             ax.axis("off")
             continue
         for k, t in enumerate(ts):
-            ax.plot(steps_ms, xs[k, sample, :, d], marker="o", ms=2.5, lw=1.2,
-                    color=cmap(0.9 * (1 - k / max(1, len(ts) - 1))), alpha=0.5 + 0.5 * k / max(1, len(ts) - 1),
-                    label=f"t = {t:g}")
+            ax.plot(
+                steps_ms,
+                xs[k, sample, :, d],
+                marker="o",
+                ms=2.5,
+                lw=1.2,
+                color=cmap(0.9 * (1 - k / max(1, len(ts) - 1))),
+                alpha=0.5 + 0.5 * k / max(1, len(ts) - 1),
+                label=f"t = {t:g}",
+            )
         if target is not None:
             ax.plot(steps_ms, target[sample, :, d], ls="--", color="crimson", lw=1.4, label="demo chunk")
         ax.set_title(names[d] if d < len(names) else f"dim {d}", fontsize=10)

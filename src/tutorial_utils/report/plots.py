@@ -5,7 +5,7 @@ matplotlib is imported inside the functions, so importing this module costs noth
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -16,9 +16,15 @@ def _names(n: int, names: Sequence[str] | None, prefix: str) -> list[str]:
     return [f"{prefix}[{i}]" for i in range(n)]
 
 
-def traces_figure(series: Mapping[str, np.ndarray], names: Mapping[str, Sequence[str]] | None = None,
-                  marker: int | None = None, fps: float | None = None, title: str | None = None,
-                  images: Mapping[str, np.ndarray] | None = None, figsize: tuple[float, float] | None = None):
+def traces_figure(
+    series: Mapping[str, np.ndarray],
+    names: Mapping[str, Sequence[str]] | None = None,
+    marker: int | None = None,
+    fps: float | None = None,
+    title: str | None = None,
+    images: Mapping[str, np.ndarray] | None = None,
+    figsize: tuple[float, float] | None = None,
+):
     """A figure with optional images on top and one panel of line traces per series.
 
     ``series``: name -> (T, D) array; ``names``: name -> D labels; ``marker``: a time step to
@@ -55,9 +61,15 @@ def traces_figure(series: Mapping[str, np.ndarray], names: Mapping[str, Sequence
     return fig
 
 
-def episode_figure(episode, frame_index: int = 0, cameras: Sequence[str] | None = None,
-                   state_names: Sequence[str] | None = None, action_names: Sequence[str] | None = None,
-                   fps: float | None = None, figsize: tuple[float, float] | None = None):
+def episode_figure(
+    episode,
+    frame_index: int = 0,
+    cameras: Sequence[str] | None = None,
+    state_names: Sequence[str] | None = None,
+    action_names: Sequence[str] | None = None,
+    fps: float | None = None,
+    figsize: tuple[float, float] | None = None,
+):
     """Camera frames at ``frame_index`` plus state and action traces of a LeRobot episode.
 
     ``episode`` is a :class:`tutorial_utils.data.format.Episode` (anything with ``state``,
@@ -66,19 +78,27 @@ def episode_figure(episode, frame_index: int = 0, cameras: Sequence[str] | None 
     cameras = list(cameras if cameras is not None else episode.video_paths)
     f = int(np.clip(frame_index, 0, episode.length - 1))
     images = {f"{cam.split('.')[-1]} (frame {f})": episode.frames(cam)[f] for cam in cameras}
-    return traces_figure({"state": episode.state, "action": episode.action},
-                         names={"state": state_names, "action": action_names}, marker=f, fps=fps,
-                         images=images, figsize=figsize,
-                         title=f"episode {episode.index}: {episode.task}")
+    return traces_figure(
+        {"state": episode.state, "action": episode.action},
+        names={"state": state_names, "action": action_names},
+        marker=f,
+        fps=fps,
+        images=images,
+        figsize=figsize,
+        title=f"episode {episode.index}: {episode.task}",
+    )
 
 
-def stats_figure(stats: Mapping[str, Mapping[str, Sequence[float]]], keys: Sequence[str],
-                 names: Mapping[str, Sequence[str]] | None = None, figsize: tuple[float, float] | None = None):
+def stats_figure(
+    stats: Mapping[str, Mapping[str, Sequence[float]]],
+    keys: Sequence[str],
+    names: Mapping[str, Sequence[str]] | None = None,
+    figsize: tuple[float, float] | None = None,
+):
     """Per-dimension range of each column: min..max (thin), q01..q99 (thick), mean +- std (dot, bar)."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(keys), figsize=figsize or (5 * len(keys), 3.2), layout="constrained",
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(keys), figsize=figsize or (5 * len(keys), 3.2), layout="constrained", squeeze=False)
     for ax, key in zip(axes[0], keys):
         s = {k: np.asarray(v, dtype=float).reshape(-1) for k, v in stats[key].items() if k != "mask"}
         x = np.arange(len(s["mean"]))
@@ -93,8 +113,9 @@ def stats_figure(stats: Mapping[str, Mapping[str, Sequence[float]]], keys: Seque
     return fig
 
 
-def timings_figure(timings: Mapping[str, float], unit: str = "s", title: str | None = None,
-                   figsize: tuple[float, float] = (6, 2.2)):
+def timings_figure(
+    timings: Mapping[str, float], unit: str = "s", title: str | None = None, figsize: tuple[float, float] = (6, 2.2)
+):
     """Horizontal bars of named durations, each labelled with its value (log scale if they span > 100x)."""
     import matplotlib.pyplot as plt
 

@@ -7,20 +7,32 @@ widget state; the chapter follows every widget with the static figure.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
-def slider_browser(render: Callable[..., object], sliders: dict[str, tuple[int, int, int]], title: str = "",
-                   continuous_update: bool = False):
+def slider_browser(
+    render: Callable[..., object],
+    sliders: dict[str, tuple[int, int, int]],
+    title: str = "",
+    continuous_update: bool = False,
+):
     """A box of integer sliders (name -> (min, max, value)) above an output that shows
     ``render(**values)``. Returns the ``ipywidgets.VBox``."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
 
-    controls = {name: w.IntSlider(min=lo, max=hi, value=val, description=name, continuous_update=continuous_update,
-                                  layout=w.Layout(width="60%"))
-                for name, (lo, hi, val) in sliders.items()}
+    controls = {
+        name: w.IntSlider(
+            min=lo,
+            max=hi,
+            value=val,
+            description=name,
+            continuous_update=continuous_update,
+            layout=w.Layout(width="60%"),
+        )
+        for name, (lo, hi, val) in sliders.items()
+    }
     out = w.Output()
 
     def redraw(*_):
@@ -53,12 +65,20 @@ def episode_browser(dataset, episode: int = 0, frame: int = 0, figsize=(10, 7)):
             cache.clear()
             cache[episode] = dataset.episode(episode)
         ep = cache[episode]
-        return episode_figure(ep, min(frame, ep.length - 1), state_names=names("observation.state"),
-                              action_names=names("action"), figsize=figsize)
+        return episode_figure(
+            ep,
+            min(frame, ep.length - 1),
+            state_names=names("observation.state"),
+            action_names=names("action"),
+            figsize=figsize,
+        )
 
     longest = int(max(dataset.lengths)) - 1
-    box = slider_browser(render, {"episode": (0, dataset.num_episodes - 1, episode), "frame": (0, longest, frame)},
-                         title=f"{dataset.root.name}: {dataset.num_episodes} episodes")
+    box = slider_browser(
+        render,
+        {"episode": (0, dataset.num_episodes - 1, episode), "frame": (0, longest, frame)},
+        title=f"{dataset.root.name}: {dataset.num_episodes} episodes",
+    )
     return box
 
 

@@ -2,32 +2,36 @@
 
 from __future__ import annotations
 
-import logging
-
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 
 from tutorial_utils import logs as _logs
-
-
 from tutorial_utils.serve.protocol import DEFAULT_HOST, DEFAULT_PORT, PortInUse
-
-logger = logging.getLogger("tutorial_utils.serve")
 from tutorial_utils.serve.server import PolicyServer, configure_logging
 
+logger = logging.getLogger("tutorial_utils.serve")
 
 
 def main(argv: list[str]) -> int:
     from tutorial_utils import policies
 
-    ap = argparse.ArgumentParser(prog="python -m tutorial_utils serve", description="Serve a policy over the websocket policy protocol.")
+    ap = argparse.ArgumentParser(
+        prog="python -m tutorial_utils serve", description="Serve a policy over the websocket policy protocol."
+    )
     ap.add_argument("--policy", default="expert", help=f"policy name ({', '.join(policies.available())})")
     ap.add_argument("--checkpoint", default="", help="checkpoint path for learned policies")
-    ap.add_argument("--host", default=DEFAULT_HOST, help="bind address (default 127.0.0.1; 0.0.0.0 exposes it to the network)")
+    ap.add_argument(
+        "--host", default=DEFAULT_HOST, help="bind address (default 127.0.0.1; 0.0.0.0 exposes it to the network)"
+    )
     ap.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (0 picks a free one)")
-    ap.add_argument("--infer-in-thread", action="store_true", help="run inference in a worker thread (slow policies: keeps /healthz and pings answered)")
+    ap.add_argument(
+        "--infer-in-thread",
+        action="store_true",
+        help="run inference in a worker thread (slow policies: keeps /healthz and pings answered)",
+    )
     args = ap.parse_args(argv)
     configure_logging()
     try:
@@ -54,5 +58,3 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(main(sys.argv[1:]))
-
-

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import http
 import http.client
 import time
-from typing import Any, Callable
-
-
+from collections.abc import Callable
+from typing import Any
 
 from tutorial_utils.serve.protocol import (
     DEFAULT_HOST,
@@ -35,8 +32,13 @@ def check_health(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, timeout: fl
         return False
 
 
-def wait_for_health(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, timeout: float = 60.0,
-                    interval: float = 0.25, alive: Callable[[], bool] | None = None) -> float:
+def wait_for_health(
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    timeout: float = 60.0,
+    interval: float = 0.25,
+    alive: Callable[[], bool] | None = None,
+) -> float:
     """Poll ``/healthz`` until it answers; returns the seconds waited.
 
     ``alive`` (e.g. ``lambda: proc.poll() is None``) stops the wait early when the server
@@ -47,7 +49,9 @@ def wait_for_health(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, timeout:
         if check_health(host, port, timeout=min(2.0, timeout)):
             return time.monotonic() - t0
         if alive is not None and not alive():
-            raise ServerUnavailable(f"the policy server process exited before {host}:{port}{HEALTH_PATH} answered; read its log (server.log)")
+            raise ServerUnavailable(
+                f"the policy server process exited before {host}:{port}{HEALTH_PATH} answered; read its log (server.log)"
+            )
         if time.monotonic() - t0 > timeout:
             raise ServerUnavailable(
                 f"no policy server answered http://{host}:{port}{HEALTH_PATH} within {timeout:.0f} s. "
@@ -65,8 +69,16 @@ class PolicyClient:
     frame raises :class:`ServerError` with the server's traceback.
     """
 
-    def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, connect_timeout: float = 60.0,
-                 retry_interval: float = 0.5, recv_timeout: float = 120.0, protocol: str = "openpi"):
+    def __init__(
+        self,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        *,
+        connect_timeout: float = 60.0,
+        retry_interval: float = 0.5,
+        recv_timeout: float = 120.0,
+        protocol: str = "openpi",
+    ):
         self.uri = host if host.startswith("ws") else f"ws://{host}:{port}"
         self.recv_timeout = recv_timeout
         self.protocol = protocol
@@ -80,8 +92,15 @@ class PolicyClient:
         last: BaseException | None = None
         while time.monotonic() - t0 <= timeout:
             try:
-                ws = connect(self.uri, compression=None, max_size=None, proxy=None, legacy=True,
-                             open_timeout=max(1.0, min(10.0, timeout)), close_timeout=1.0)
+                ws = connect(
+                    self.uri,
+                    compression=None,
+                    max_size=None,
+                    proxy=None,
+                    legacy=True,
+                    open_timeout=max(1.0, min(10.0, timeout)),
+                    close_timeout=1.0,
+                )
             except InvalidURI:
                 raise
             except (OSError, InvalidHandshake, TimeoutError) as exc:
@@ -92,7 +111,9 @@ class PolicyClient:
                 first = ws.recv(timeout=self.recv_timeout)
             except Exception as exc:
                 ws.close()
-                raise ServerDied(f"connected to {self.uri} but the server sent no metadata ({type(exc).__name__}: {exc})") from None
+                raise ServerDied(
+                    f"connected to {self.uri} but the server sent no metadata ({type(exc).__name__}: {exc})"
+                ) from None
             if isinstance(first, str):
                 ws.close()
                 raise ServerError(first)
@@ -132,12 +153,8 @@ class PolicyClient:
     def close(self) -> None:
         self._ws.close()
 
-    def __enter__(self) -> "PolicyClient":
+    def __enter__(self) -> PolicyClient:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-
-

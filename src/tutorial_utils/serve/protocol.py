@@ -32,19 +32,21 @@ CLI: ``python -m tutorial_utils serve --policy expert --port 8000``."""
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 from typing import Any
 
-
-
-from tutorial_utils.policies.base import IMAGE_KEY, WRIST_KEY, STATE_KEY, PROMPT_KEY, PRIVILEGED_KEY, OPENPI_KEYS, STATE_DIM
-
+from tutorial_utils.policies.base import (
+    IMAGE_KEY,
+    OPENPI_KEYS,
+    PRIVILEGED_KEY,
+    PROMPT_KEY,
+    STATE_DIM,
+    STATE_KEY,
+    WRIST_KEY,
+)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 HEALTH_PATH = "/healthz"
-
 
 
 # --- errors --------------------------------------------------------------------------------------
@@ -97,9 +99,15 @@ def _as_image(value: Any, key: str, size: int | None):
             f"Send HxWx3 uint8 RGB (channels last)."
         )
     if arr.dtype != np.uint8:
-        raise ObservationError(f"request key {key!r}: expected dtype uint8, found {arr.dtype}. Send 0..255 uint8 pixels.")
+        raise ObservationError(
+            f"request key {key!r}: expected dtype uint8, found {arr.dtype}. Send 0..255 uint8 pixels."
+        )
     if arr.shape[0] < 1 or arr.shape[1] < 1:
-        raise ObservationError(f"request key {key!r}: the image is empty, shape {tuple(arr.shape)}. Send HxWx3 uint8 RGB.")
+        raise ObservationError(
+            f"request key {key!r}: the image is empty, shape {tuple(arr.shape)}. Send HxWx3 uint8 RGB."
+        )
+    if size is not None and arr.shape[:2] != (size, size) and not arr.flags.writeable:
+        arr = arr.copy()  # msgpack arrays are read-only views; torch.from_numpy warns on those
     return resize(arr, size)
 
 
@@ -137,11 +145,15 @@ def to_policy_observation(request: Any, image_size: int | None = None) -> dict[s
     if "examples" in request:
         ex = request["examples"]
         if not isinstance(ex, (list, tuple)) or not ex or not isinstance(ex[0], dict):
-            raise ObservationError("request key 'examples': expected a non-empty list of maps with 'image', 'lang', 'state'.")
+            raise ObservationError(
+                "request key 'examples': expected a non-empty list of maps with 'image', 'lang', 'state'."
+            )
         ex = ex[0]
         missing = [k for k in ("image", "lang", "state") if k not in ex]
         if missing:
-            raise ObservationError(f"request key 'examples[0]': missing {', '.join(map(repr, missing))}; expected 'image', 'lang', 'state'.")
+            raise ObservationError(
+                f"request key 'examples[0]': missing {', '.join(map(repr, missing))}; expected 'image', 'lang', 'state'."
+            )
         images = ex["image"]
         images = list(images) if isinstance(images, (list, tuple)) else [images]
         if len(images) == 1:  # primary || wrist side by side
@@ -172,7 +184,9 @@ def to_policy_observation(request: Any, image_size: int | None = None) -> dict[s
     obs[WRIST_KEY] = _as_image(request[WRIST_KEY], WRIST_KEY, image_size)
     obs[STATE_KEY] = _as_state(request[STATE_KEY], STATE_KEY)
     if not isinstance(request[PROMPT_KEY], str):
-        raise ObservationError(f"request key {PROMPT_KEY!r}: expected a string (the task language), found {type(request[PROMPT_KEY]).__name__}.")
+        raise ObservationError(
+            f"request key {PROMPT_KEY!r}: expected a string (the task language), found {type(request[PROMPT_KEY]).__name__}."
+        )
     return obs
 
 
@@ -226,5 +240,3 @@ def reply_actions(reply: dict[str, Any]):
 
 
 # --- server --------------------------------------------------------------------------------------
-
-

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import asyncio
 import concurrent.futures
 import errno
@@ -24,8 +22,6 @@ from tutorial_utils.data.libero_schema import (
     ROBOSUITE_GRIPPER,
     action_to_env,
 )
-
-
 from tutorial_utils.serve.protocol import (
     DEFAULT_HOST,
     DEFAULT_PORT,
@@ -37,7 +33,6 @@ from tutorial_utils.serve.protocol import (
     to_policy_observation,
     to_reply,
 )
-
 from tutorial_utils.serve.wire import packb, unpackb
 
 logger = logging.getLogger("tutorial_utils.serve")
@@ -62,8 +57,6 @@ def announced_metadata(policy_metadata: dict) -> dict:
     return meta
 
 
-
-
 def _health_check(connection, request):
     if request.path == HEALTH_PATH:
         return connection.respond(http.HTTPStatus.OK, "OK\n")
@@ -82,7 +75,7 @@ class PolicyServer:
     """Serve one :class:`tutorial_utils.policies.Policy` over the websocket protocol.
 
     Inference runs in the event loop, as in openpi (one client at a time is the use case, and
-    a thread hop costs ~0.3 ms a request on a busy 2-core machine); ``infer_in_thread=True``
+    a thread hop costs time on every request: ``benchmarks/bench_serving.py``); ``infer_in_thread=True``
     moves it to a worker thread so ``/healthz`` and keepalive pings stay answered during a
     slow (seconds-long) inference.
 
@@ -99,8 +92,14 @@ class PolicyServer:
     requests are answered in the policy's own convention.
     """
 
-    def __init__(self, policy, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, metadata: dict | None = None,
-                 infer_in_thread: bool = False):
+    def __init__(
+        self,
+        policy,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        metadata: dict | None = None,
+        infer_in_thread: bool = False,
+    ):
         self.policy = policy
         self.infer_in_thread = infer_in_thread
         self.host = host
@@ -192,8 +191,13 @@ class PolicyServer:
         self._stop = asyncio.Event()
         try:
             server = await serve(
-                self._handler, self.host, self.port, compression=None, max_size=None,
-                process_request=_health_check, reuse_address=True,
+                self._handler,
+                self.host,
+                self.port,
+                compression=None,
+                max_size=None,
+                process_request=_health_check,
+                reuse_address=True,
             )
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
@@ -237,7 +241,7 @@ class HandlerThread:
             self.ready.set()
             await self._stop.wait()
 
-    def __enter__(self) -> "HandlerThread":
+    def __enter__(self) -> HandlerThread:
         self._thread.start()
         if not self.ready.wait(10):
             raise ServerUnavailable("websocket handler thread did not start within 10 s")
@@ -270,7 +274,7 @@ class ServerThread:
     def port(self) -> int:
         return self.server.port
 
-    def start(self, timeout: float = 10.0) -> "ServerThread":
+    def start(self, timeout: float = 10.0) -> ServerThread:
         self._thread.start()
         if not self.server.ready.wait(timeout):
             raise ServerUnavailable(f"policy server thread did not start within {timeout} s")
@@ -282,7 +286,7 @@ class ServerThread:
         self.server.stop()
         self._thread.join(timeout)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -290,8 +294,6 @@ class ServerThread:
 
 
 # --- client --------------------------------------------------------------------------------------
-
-
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
@@ -314,6 +316,3 @@ def configure_logging(level: int = logging.INFO) -> None:
         root.addHandler(h)
     root.setLevel(level)
     logging.getLogger("websockets").setLevel(logging.INFO)
-
-
-

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 from typing import Any
-
-
-
-
 
 # --- msgpack with numpy (openpi framing) -------------------------------------------------------
 
@@ -57,7 +51,3 @@ def unpackb(data: bytes) -> Any:
     import msgpack
 
     return msgpack.unpackb(data, object_hook=_decode, raw=False, strict_map_key=False)
-
-
-
-

@@ -45,11 +45,13 @@ def quat_to_mat(q: np.ndarray) -> np.ndarray:
     x, y, z, w = (float(v) for v in q)
     n = x * x + y * y + z * z + w * w
     s = 2.0 / n if n > 0 else 0.0
-    return np.array([
-        [1 - s * (y * y + z * z), s * (x * y - z * w), s * (x * z + y * w)],
-        [s * (x * y + z * w), 1 - s * (x * x + z * z), s * (y * z - x * w)],
-        [s * (x * z - y * w), s * (y * z + x * w), 1 - s * (x * x + y * y)],
-    ])
+    return np.array(
+        [
+            [1 - s * (y * y + z * z), s * (x * y - z * w), s * (x * z + y * w)],
+            [s * (x * y + z * w), 1 - s * (x * x + z * z), s * (y * z - x * w)],
+            [s * (x * z - y * w), s * (y * z + x * w), 1 - s * (x * x + y * y)],
+        ]
+    )
 
 
 def rot_z(theta: float) -> np.ndarray:
@@ -119,13 +121,26 @@ def rank_grasps(priv: dict, pick: str, closing_axis0: np.ndarray, n: int = N_CAN
         perp = np.array([-dh[1], dh[0], 0.0])
         yaw = _wrap_half(math.atan2(dh[1], dh[0]) - c0)
         # the fingers straddle the rim along dh; the hand sits above them and is wider along dh
-        pts = [point + s * dh + t * perp + z * np.array([0, 0, 1.0])
-               for s in (-0.045, 0.0, 0.045) for t in (-0.01, 0.01) for z in (-0.012, 0.02, 0.05)]
-        pts += [point + s * dh + t * perp + z * np.array([0, 0, 1.0])
-                for s in (-0.1, -0.05, 0.0, 0.05, 0.1) for t in (-0.03, 0.03) for z in (0.07, 0.12)]
+        pts = [
+            point + s * dh + t * perp + z * np.array([0, 0, 1.0])
+            for s in (-0.045, 0.0, 0.045)
+            for t in (-0.01, 0.01)
+            for z in (-0.012, 0.02, 0.05)
+        ]
+        pts += [
+            point + s * dh + t * perp + z * np.array([0, 0, 1.0])
+            for s in (-0.1, -0.05, 0.0, 0.05, 0.1)
+            for t in (-0.03, 0.03)
+            for z in (0.07, 0.12)
+        ]
         clearance = float(box_distance(np.array(pts), boxes).min()) if len(boxes) else 0.1
         reach = float(np.linalg.norm(point[:2] - base[:2]))
-        score = min(clearance, 0.03) - 0.5 * max(0.0, reach - REACH_SOFT) - 0.015 * abs(yaw) - (0.05 if abs(yaw) > 1.3 else 0.0)
+        score = (
+            min(clearance, 0.03)
+            - 0.5 * max(0.0, reach - REACH_SOFT)
+            - 0.015 * abs(yaw)
+            - (0.05 if abs(yaw) > 1.3 else 0.0)
+        )
         score -= 0.02 * max(0.0, -d[2])  # a rim point below the centre (tilted bowl) is awkward
         out.append(Grasp(d, point, yaw, clearance, reach, score))
     out.sort(key=lambda g: -g.score)
@@ -373,8 +388,14 @@ class EpisodeResult:
     trace: dict = field(default_factory=dict)  # eef/bowl positions per step (for figures)
 
 
-def run_episode(env, expert: ScriptedExpert | None = None, attempt: int = 0, max_steps: int | None = None,
-                settle_steps: int | None = None, trace: bool = False) -> EpisodeResult:
+def run_episode(
+    env,
+    expert: ScriptedExpert | None = None,
+    attempt: int = 0,
+    max_steps: int | None = None,
+    settle_steps: int | None = None,
+    trace: bool = False,
+) -> EpisodeResult:
     """Run the expert in ``env`` (a LiberoEnv, usually headless) from its init state.
 
     The ``NUM_STEPS_WAIT`` settle steps of the evaluation protocol come first (not returned);
@@ -403,8 +424,14 @@ def run_episode(env, expert: ScriptedExpert | None = None, attempt: int = 0, max
         if env.check_success():
             success = True
             break
-    return EpisodeResult(success, np.array(actions).reshape(-1, 7), phases, len(actions), attempt,
-                         {k: np.array(v) for k, v in tr.items()} if trace else {})
+    return EpisodeResult(
+        success,
+        np.array(actions).reshape(-1, 7),
+        phases,
+        len(actions),
+        attempt,
+        {k: np.array(v) for k, v in tr.items()} if trace else {},
+    )
 
 
 def solve(env, attempts: int = 4, max_steps: int | None = None, trace: bool = False) -> EpisodeResult:
@@ -418,8 +445,14 @@ def solve(env, attempts: int = 4, max_steps: int | None = None, trace: bool = Fa
     return last
 
 
-def success_table(suite: str = "libero_spatial", task_ids=range(10), init_states=range(10), attempts: int = 4,
-                  out: str | None = None, progress: bool = True) -> dict:
+def success_table(
+    suite: str = "libero_spatial",
+    task_ids=range(10),
+    init_states=range(10),
+    attempts: int = 4,
+    out: str | None = None,
+    progress: bool = True,
+) -> dict:
     """Solve every (task, init state) headless; per-task successes, first-try successes, steps."""
     import time
 
@@ -439,7 +472,10 @@ def success_table(suite: str = "libero_spatial", task_ids=range(10), init_states
                 if r.success:
                     row["steps"].append(r.steps)
                 if progress:
-                    print(f"task {tid} init {i}: {'ok' if r.success else 'FAIL'} attempt {r.attempt} steps {r.steps}", flush=True)
+                    print(
+                        f"task {tid} init {i}: {'ok' if r.success else 'FAIL'} attempt {r.attempt} steps {r.steps}",
+                        flush=True,
+                    )
             row["mean_steps"] = float(np.mean(row["steps"])) if row["steps"] else None
             del row["steps"]
             rows.append(row)
@@ -447,10 +483,17 @@ def success_table(suite: str = "libero_spatial", task_ids=range(10), init_states
             env.close()
     total = sum(r["pairs"] for r in rows)
     ok = sum(r["success"] for r in rows)
-    result = {"suite": suite, "init_states": [int(i) for i in init_states], "attempts": attempts, "rows": rows,
-              "pairs": total, "successes": ok, "rate": ok / total if total else 0.0,
-              "first_try_rate": sum(r["first_try"] for r in rows) / total if total else 0.0,
-              "wall_s": round(time.time() - t0, 1)}
+    result = {
+        "suite": suite,
+        "init_states": [int(i) for i in init_states],
+        "attempts": attempts,
+        "rows": rows,
+        "pairs": total,
+        "successes": ok,
+        "rate": ok / total if total else 0.0,
+        "first_try_rate": sum(r["first_try"] for r in rows) / total if total else 0.0,
+        "wall_s": round(time.time() - t0, 1),
+    }
     if out:
         from tutorial_utils.io import atomic_write_json
 
@@ -462,9 +505,13 @@ def format_table(result: dict) -> str:
     lines = ["| task | language | success | first try | mean steps |", "|---|---|---|---|---|"]
     for r in result["rows"]:
         ms = f"{r['mean_steps']:.0f}" if r["mean_steps"] else "-"
-        lines.append(f"| {r['task_id']} | {r['task']} | {r['success']}/{r['pairs']} | {r['first_try']}/{r['pairs']} | {ms} |")
-    lines.append(f"| all | | {result['successes']}/{result['pairs']} ({100 * result['rate']:.1f}%) | "
-                 f"{100 * result['first_try_rate']:.1f}% | |")
+        lines.append(
+            f"| {r['task_id']} | {r['task']} | {r['success']}/{r['pairs']} | {r['first_try']}/{r['pairs']} | {ms} |"
+        )
+    lines.append(
+        f"| all | | {result['successes']}/{result['pairs']} ({100 * result['rate']:.1f}%) | "
+        f"{100 * result['first_try_rate']:.1f}% | |"
+    )
     return "\n".join(lines)
 
 
@@ -500,9 +547,19 @@ if __name__ == "__main__":
 # --- figures -------------------------------------------------------------------------------------
 
 #: Colours of the phases in figures.
-PHASE_COLORS = {"settle": "#bbbbbb", "approach": "#4c72b0", "descend": "#55a868", "close": "#c44e52",
-                "lift": "#8172b2", "transfer": "#ccb974", "lower": "#64b5cd", "release": "#e17c05",
-                "retreat": "#999999", "retry": "#000000", "plan": "#dddddd"}
+PHASE_COLORS = {
+    "settle": "#bbbbbb",
+    "approach": "#4c72b0",
+    "descend": "#55a868",
+    "close": "#c44e52",
+    "lift": "#8172b2",
+    "transfer": "#ccb974",
+    "lower": "#64b5cd",
+    "release": "#e17c05",
+    "retreat": "#999999",
+    "retry": "#000000",
+    "plan": "#dddddd",
+}
 
 
 def trace_episode(suite: str = "libero_spatial", task_id: int = 0, init_state: int = 0, out: str | None = None) -> dict:
@@ -513,10 +570,19 @@ def trace_episode(suite: str = "libero_spatial", task_id: int = 0, init_state: i
     env = le.make_env(suite, task_id, init_state, cameras=False)
     try:
         r = solve(env, trace=True)
-        trace = {"suite": suite, "task_id": task_id, "init_state": init_state, "task": env.task_language,
-                 "success": bool(r.success), "attempt": int(r.attempt), "phases": list(r.phases),
-                 "eef": r.trace["eef"].round(4).tolist(), "bowl": r.trace["bowl"].round(4).tolist(),
-                 "gap": np.round(r.trace["gap"], 4).tolist(), "actions": r.actions.round(3).tolist()}
+        trace = {
+            "suite": suite,
+            "task_id": task_id,
+            "init_state": init_state,
+            "task": env.task_language,
+            "success": bool(r.success),
+            "attempt": int(r.attempt),
+            "phases": list(r.phases),
+            "eef": r.trace["eef"].round(4).tolist(),
+            "bowl": r.trace["bowl"].round(4).tolist(),
+            "gap": np.round(r.trace["gap"], 4).tolist(),
+            "actions": r.actions.round(3).tolist(),
+        }
     finally:
         env.close()
     if out:
@@ -547,8 +613,14 @@ def plot_phases(trace: dict):
     seen = set()
     for phase, a, b in phase_segments(trace["phases"]):
         for ax in (ax1, ax2):
-            ax.axvspan(a - 0.5, b - 0.5, color=PHASE_COLORS.get(phase, "#eeeeee"), alpha=0.25, lw=0,
-                       label=phase if (ax is ax1 and phase not in seen) else None)
+            ax.axvspan(
+                a - 0.5,
+                b - 0.5,
+                color=PHASE_COLORS.get(phase, "#eeeeee"),
+                alpha=0.25,
+                lw=0,
+                label=phase if (ax is ax1 and phase not in seen) else None,
+            )
         seen.add(phase)
     ax1.plot(t, eef[:, 2], color="k", label="gripper z")
     ax1.plot(t, bowl[:, 2], color="#c44e52", lw=2, label="bowl z")

@@ -82,7 +82,11 @@ def quat2axisangle(quat: np.ndarray) -> np.ndarray:
 def state_vector(obs: dict) -> np.ndarray:
     """The 8-D state of the datasets: eef position (3), axis-angle (3), gripper qpos (2)."""
     return np.concatenate(
-        [np.asarray(obs["robot0_eef_pos"]), quat2axisangle(obs["robot0_eef_quat"]), np.asarray(obs["robot0_gripper_qpos"])]
+        [
+            np.asarray(obs["robot0_eef_pos"]),
+            quat2axisangle(obs["robot0_eef_quat"]),
+            np.asarray(obs["robot0_gripper_qpos"]),
+        ]
     ).astype(np.float32)
 
 
@@ -325,7 +329,7 @@ def decimate_visual_meshes(m, cells: int = DECIMATE_CELLS, min_faces: int = DECI
             after += fn
             continue
         va, vn = int(m.mesh_vertadr[i]), int(m.mesh_vertnum[i])
-        v = m.mesh_vert[va:va + vn]
+        v = m.mesh_vert[va : va + vn]
         lo = v.min(0)
         cell = max(float((v.max(0) - lo).max()) / cells, 1e-9)
         _, inv = np.unique(np.floor((v - lo) / cell).astype(np.int64), axis=0, return_inverse=True)
@@ -333,15 +337,15 @@ def decimate_visual_meshes(m, cells: int = DECIMATE_CELLS, min_faces: int = DECI
         rep = np.empty(inv.max() + 1, dtype=np.int64)
         order = np.arange(vn)[::-1]
         rep[inv[order]] = order  # the first vertex of each cell
-        nf = rep[inv[m.mesh_face[fa:fa + fn]]]
+        nf = rep[inv[m.mesh_face[fa : fa + fn]]]
         ok = (nf[:, 0] != nf[:, 1]) & (nf[:, 1] != nf[:, 2]) & (nf[:, 0] != nf[:, 2])
         _, first = np.unique(np.sort(nf[ok], axis=1), axis=0, return_index=True)
         idx = np.nonzero(ok)[0][np.sort(first)]
         k = len(idx)
-        m.mesh_face[fa:fa + k] = nf[idx]
-        m.mesh_facenormal[fa:fa + k] = m.mesh_facenormal[fa:fa + fn][idx]
+        m.mesh_face[fa : fa + k] = nf[idx]
+        m.mesh_facenormal[fa : fa + k] = m.mesh_facenormal[fa : fa + fn][idx]
         if m.mesh_texcoordnum[i] > 0:
-            m.mesh_facetexcoord[fa:fa + k] = m.mesh_facetexcoord[fa:fa + fn][idx]
+            m.mesh_facetexcoord[fa : fa + k] = m.mesh_facetexcoord[fa : fa + fn][idx]
         m.mesh_facenum[i] = k
         after += k
     return before, after
@@ -449,7 +453,7 @@ class LiberoEnv:
             with contextlib.suppress(Exception):
                 env.close()
 
-    def __enter__(self) -> "LiberoEnv":
+    def __enter__(self) -> LiberoEnv:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -532,7 +536,11 @@ def _nearby_geoms(env, m, d, centre: np.ndarray, near: float, exclude: str | Non
         root = m.body_rootid[body]
         bname = m.body(body).name
         rname = m.body(root).name
-        if root in skip_roots or bname.startswith(("robot0_", "gripper0_", "mount0_")) or rname.startswith(("robot0", "mount0")):
+        if (
+            root in skip_roots
+            or bname.startswith(("robot0_", "gripper0_", "mount0_"))
+            or rname.startswith(("robot0", "mount0"))
+        ):
             continue
         if "table" in bname and "cabinet" not in bname:
             continue
@@ -568,7 +576,7 @@ def make_env(
 ) -> LiberoEnv:
     """Build a LIBERO env for ``(suite, task_id)`` and reset it to ``init_state``.
 
-    ``cameras=False`` gives a headless env (no renderer at all, ~30 ms a step) for searching;
+    ``cameras=False`` gives a headless env (no renderer at all, much faster) for searching;
     ``hard_reset=True`` reloads the MuJoCo model at every reset like LIBERO's default (slow;
     results are identical because each reset sets the full simulator state).
     """
@@ -609,9 +617,11 @@ def main(argv: list[str]) -> int:
     env = make_env(suite, tid)
     t1 = time.time()
     obs, *_ = env.step(SETTLE_ACTION)
-    print(f"{suite}[{tid}]: {env.task_language!r}; objects of interest {env.objects_of_interest}; "
-          f"MUJOCO_GL={os.environ.get('MUJOCO_GL')}; make {t1 - t0:.1f} s, step {time.time() - t1:.2f} s; "
-          f"state {np.round(env.state_vector(obs), 3).tolist()}")
+    print(
+        f"{suite}[{tid}]: {env.task_language!r}; objects of interest {env.objects_of_interest}; "
+        f"MUJOCO_GL={os.environ.get('MUJOCO_GL')}; make {t1 - t0:.1f} s, step {time.time() - t1:.2f} s; "
+        f"state {np.round(env.state_vector(obs), 3).tolist()}"
+    )
     env.close()
     return 0
 

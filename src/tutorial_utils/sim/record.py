@@ -1,9 +1,9 @@
 """Record LIBERO demonstrations with the scripted expert into a LeRobot v2.1 dataset.
 
 One *item* is a (task id, init state) pair. A worker process solves it headless with the
-expert (:func:`tutorial_utils.expert.solve`, ~30 ms a step), then replays the successful
+expert (:func:`tutorial_utils.sim.expert.solve`, no cameras), then replays the successful
 action sequence once in a rendering env (same render profile as evaluation) to take the
-images, and drops no-op actions (:func:`tutorial_utils.libero_env.is_noop`: no arm motion and
+images, and drops no-op actions (:func:`tutorial_utils.sim.libero_env.is_noop`: no arm motion and
 an unchanged gripper command, as in the ``no_noops`` datasets; the settle steps are no-ops).
 Only successful episodes are written; actions are stored in the dataset convention
 (gripper ``1`` open, ``-1`` close), images flipped 180 degrees as in the IPEC data.
@@ -20,16 +20,17 @@ image size or render profile) is refused.
 from __future__ import annotations
 
 import dataclasses
-import sys
 import json
 import os
+import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
-from tutorial_utils.errors import TutorialError
+from tutorial_utils.errors import DatasetError, TutorialError
 from tutorial_utils.io import atomic_write_json
 from tutorial_utils.params import param, parse_task_ids
 
@@ -53,8 +54,10 @@ class RecordConfig:
     render_profile: str = param("fast", "fast | reference (the same profile evaluation uses)")
     seed: int = param(7, "seed of the expert's grasp search")
     attempts: int = param(4, "expert attempts per (task, init state) before the item is skipped")
-    output_dir: str = param("", "dataset folder: empty for data/<suite>_no_noops_expert_<size>_lerobot, 'run' for "
-                                "<run_dir>/dataset, or a path")
+    output_dir: str = param(
+        "",
+        "dataset folder: empty for data/<suite>_no_noops_expert_<size>_lerobot, 'run' for <run_dir>/dataset, or a path",
+    )
     workers: int = param(1, "worker processes recording in parallel (each holds one LIBERO scene)")
 
     def identity(self) -> dict:
@@ -71,7 +74,11 @@ class RecordConfig:
         return tuple(ids)
 
     def items(self) -> list[tuple[int, int]]:
-        return [(int(t), int(self.init_state_offset) + k) for t in self.task_list for k in range(int(self.episodes_per_task))]
+        return [
+            (int(t), int(self.init_state_offset) + k)
+            for t in self.task_list
+            for k in range(int(self.episodes_per_task))
+        ]
 
 
 def default_output_dir(suite: str, image_size: int) -> Path:
@@ -154,12 +161,21 @@ def record_item(cfg: RecordConfig, item: tuple[int, int]) -> dict:
     headless.reset(init)
     found = ex.solve(headless, attempts=cfg.attempts)
     t1 = time.time()
-    out = {"task_id": task_id, "init_state": init, "task": headless.task_language, "success": bool(found.success),
-           "attempt": int(found.attempt), "expert_steps": int(found.steps), "search_s": round(t1 - t0, 2)}
+    out = {
+        "task_id": task_id,
+        "init_state": init,
+        "task": headless.task_language,
+        "success": bool(found.success),
+        "attempt": int(found.attempt),
+        "expert_steps": int(found.steps),
+        "search_s": round(t1 - t0, 2),
+    }
     if not found.success:
         return out
-    cam = _cached_env(("camera", task_id), lambda: le.make_env(cfg.suite, task_id, init, image_size=cfg.image_size,
-                                                               render_profile=cfg.render_profile))
+    cam = _cached_env(
+        ("camera", task_id),
+        lambda: le.make_env(cfg.suite, task_id, init, image_size=cfg.image_size, render_profile=cfg.render_profile),
+    )
     cam.reset(init)
     frames, ok, dropped = replay(cam, found.actions)
     how = "replay"
@@ -167,8 +183,14 @@ def record_item(cfg: RecordConfig, item: tuple[int, int]) -> dict:
         res = ex.run_episode(cam, attempt=found.attempt)
         frames, ok, dropped = replay(cam, res.actions) if res.success else (frames, False, dropped)
         how = "closed_loop_with_cameras"
-    out.update(success=bool(ok), frames=frames if ok else None, noops_dropped=int(dropped), recorded_by=how,
-               length=int(len(frames["action"])), replay_s=round(time.time() - t1, 2))
+    out.update(
+        success=bool(ok),
+        frames=frames if ok else None,
+        noops_dropped=int(dropped),
+        recorded_by=how,
+        length=int(len(frames["action"])),
+        replay_s=round(time.time() - t1, 2),
+    )
     return out
 
 
@@ -182,8 +204,9 @@ def read_manifest(root: Path) -> dict | None:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise RecordError(f"{path}: not valid JSON ({exc.msg}); delete the output folder or choose another "
-                          "`output_dir`") from None
+        raise RecordError(
+            f"{path}: not valid JSON ({exc.msg}); delete the output folder or choose another `output_dir`"
+        ) from None
 
 
 def check_output_dir(root: Path, cfg: RecordConfig) -> dict | None:
@@ -193,22 +216,28 @@ def check_output_dir(root: Path, cfg: RecordConfig) -> dict | None:
     info = root / "meta" / "info.json"
     if man is None:
         if info.is_file() and not _empty_dataset(root):
-            raise RecordError(f"{root} already holds a LeRobot dataset that this recorder did not write "
-                              f"({MANIFEST} is missing): refusing to mix episodes. Choose another `output_dir`.")
+            raise RecordError(
+                f"{root} already holds a LeRobot dataset that this recorder did not write "
+                f"({MANIFEST} is missing): refusing to mix episodes. Choose another `output_dir`."
+            )
         return None
     ours, theirs = cfg.identity(), man.get("identity", {})
     if ours != theirs:
         diff = {k: (theirs.get(k), ours[k]) for k in ours if theirs.get(k) != ours[k]}
-        raise RecordError(f"{root / MANIFEST}: this folder holds a different recording ({', '.join(f'{k}: {a!r} there, {b!r} asked' for k, (a, b) in diff.items())}); "
-                          "refusing to mix. Choose another `output_dir`, or the same parameters to resume.")
+        raise RecordError(
+            f"{root / MANIFEST}: this folder holds a different recording ({', '.join(f'{k}: {a!r} there, {b!r} asked' for k, (a, b) in diff.items())}); "
+            "refusing to mix. Choose another `output_dir`, or the same parameters to resume."
+        )
     return man
 
 
 def _empty_dataset(root: Path) -> bool:
     """A dataset folder with no committed episode (a recording killed before its first one)."""
+    from tutorial_utils.data.format import read_info
+
     try:
-        info = json.loads((root / "meta" / "info.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        info = read_info(root)
+    except DatasetError:
         return False
     ep = root / "meta" / "episodes.jsonl"
     return int(info.get("total_episodes", 0)) == 0 and (not ep.is_file() or not ep.read_text().strip())
@@ -230,8 +259,14 @@ def _pool_map(fn, cfg, items, workers: int) -> Iterable[dict]:
         yield from pool.imap(functools.partial(fn, cfg), items, chunksize=1)
 
 
-def record(output_dir: str | os.PathLike, cfg: RecordConfig, workers: int = 1, progress: bool = True,
-           episode_fn: Callable[[RecordConfig, tuple], dict] | None = None, log: Callable[[str], None] | None = print) -> dict:
+def record(
+    output_dir: str | os.PathLike,
+    cfg: RecordConfig,
+    workers: int = 1,
+    progress: bool = True,
+    episode_fn: Callable[[RecordConfig, tuple], dict] | None = None,
+    log: Callable[[str], None] | None = print,
+) -> dict:
     """Record ``cfg.items()`` into ``output_dir`` (resuming what is there). Returns a summary.
 
     ``episode_fn(cfg, item) -> dict`` (default :func:`record_item`, a picklable top-level
@@ -249,8 +284,10 @@ def record(output_dir: str | os.PathLike, cfg: RecordConfig, workers: int = 1, p
             info = le.task_info(cfg.suite, t)
             last = int(cfg.init_state_offset) + int(cfg.episodes_per_task) - 1
             if int(cfg.init_state_offset) < 0 or last >= info.num_init_states:
-                raise RecordError(f"init states {cfg.init_state_offset}..{last} are out of range for {cfg.suite} task {t}: "
-                                  f"it has {info.num_init_states} (parameters `init_state_offset`, `episodes_per_task`).")
+                raise RecordError(
+                    f"init states {cfg.init_state_offset}..{last} are out of range for {cfg.suite} task {t}: "
+                    f"it has {info.num_init_states} (parameters `init_state_offset`, `episodes_per_task`)."
+                )
         if cfg.render_profile not in le.RENDER_PROFILES:
             raise RecordError(f"unknown render_profile {cfg.render_profile!r}: use one of {le.RENDER_PROFILES}")
     root = Path(output_dir)
@@ -263,9 +300,13 @@ def record(output_dir: str | os.PathLike, cfg: RecordConfig, workers: int = 1, p
     man["config"] = dataclasses.asdict(cfg)
     man["episodes"] = [e for e in man.get("episodes", []) if e["episode_index"] < committed]
     if len(man["episodes"]) != committed:
-        raise RecordError(f"{root / MANIFEST} lists {len(man['episodes'])} episodes but meta/episodes.jsonl has "
-                          f"{committed}: the folder was changed by hand. Choose another `output_dir`.")
-    done = {(e["task_id"], e["init_state"]) for e in man["episodes"]} | {(f["task_id"], f["init_state"]) for f in man.get("failed", [])}
+        raise RecordError(
+            f"{root / MANIFEST} lists {len(man['episodes'])} episodes but meta/episodes.jsonl has "
+            f"{committed}: the folder was changed by hand. Choose another `output_dir`."
+        )
+    done = {(e["task_id"], e["init_state"]) for e in man["episodes"]} | {
+        (f["task_id"], f["init_state"]) for f in man.get("failed", [])
+    }
     todo = [it for it in cfg.items() if tuple(it) not in done]
     atomic_write_json(root / MANIFEST, man)
     if log and committed:
@@ -306,12 +347,17 @@ def record(output_dir: str | os.PathLike, cfg: RecordConfig, workers: int = 1, p
     wall = time.time() - t0
     lengths = [e["length"] for e in man["episodes"]]
     summary = {
-        "output_dir": str(root), "episodes": writer.num_episodes, "frames": writer.num_frames, "new_episodes": new,
-        "failed": len(man.get("failed", [])), "items": len(cfg.items()),
+        "output_dir": str(root),
+        "episodes": writer.num_episodes,
+        "frames": writer.num_frames,
+        "new_episodes": new,
+        "failed": len(man.get("failed", [])),
+        "items": len(cfg.items()),
         "success_rate": len(man["episodes"]) / max(1, len(man["episodes"]) + len(man.get("failed", []))),
         "mean_length": float(np.mean(lengths)) if lengths else 0.0,
         "noops_dropped": int(sum(e.get("noops_dropped", 0) for e in man["episodes"])),
-        "wall_s": round(wall, 1), "workers": workers,
+        "wall_s": round(wall, 1),
+        "workers": workers,
     }
     man["summary"] = summary
     atomic_write_json(root / MANIFEST, man)
@@ -322,14 +368,17 @@ def write_metadata(root: str | os.PathLike, run_dir: str | os.PathLike | None = 
     """``meta/modality.json`` (DiT4DiT's LIBERO modality map, validated against info.json) and the
     statistics (``meta/stats_gr00t.json``, the step index, and ``<run_dir>/dataset_statistics.json``)
     through :mod:`tutorial_utils.modality` and :mod:`tutorial_utils.stats`."""
-    from tutorial_utils.data import modality
-    from tutorial_utils.data import stats
+    from tutorial_utils.data import modality, stats
 
     root = Path(root)
     modality.build_modality(root, preset="libero")
     st = stats.compute_all(root, run_dir=run_dir)
-    return {"modality": str(root / modality.MODALITY_PATH), **st["files"],
-            "num_trajectories": st["num_trajectories"], "num_transitions": st["num_transitions"]}
+    return {
+        "modality": str(root / modality.MODALITY_PATH),
+        **st["files"],
+        "num_trajectories": st["num_trajectories"],
+        "num_transitions": st["num_transitions"],
+    }
 
 
 def run_job(run_dir: str | os.PathLike, **overrides: Any) -> dict:
@@ -340,17 +389,26 @@ def run_job(run_dir: str | os.PathLike, **overrides: Any) -> dict:
 
     cfg = params.from_mapping(RecordConfig, overrides, "`python -m tutorial_utils record --list-params`")
     out = resolve_output_dir(cfg.output_dir, run_dir, cfg.suite, cfg.image_size)
-    print(f"run directory: {run_dir}\noutput: {out}\n{len(cfg.items())} episodes to record: tasks {list(cfg.task_list)}, "
-          f"init states {cfg.init_state_offset}..{cfg.init_state_offset + cfg.episodes_per_task - 1}, "
-          f"{cfg.image_size}x{cfg.image_size}, render profile {cfg.render_profile!r}, {cfg.workers} worker(s)")
+    print(
+        f"run directory: {run_dir}\noutput: {out}\n{len(cfg.items())} episodes to record: tasks {list(cfg.task_list)}, "
+        f"init states {cfg.init_state_offset}..{cfg.init_state_offset + cfg.episodes_per_task - 1}, "
+        f"{cfg.image_size}x{cfg.image_size}, render profile {cfg.render_profile!r}, {cfg.workers} worker(s)"
+    )
     summary = record(out, cfg, workers=cfg.workers)
     meta = write_metadata(out, run_dir=run_dir)
     ds = LeRobotDataset(out)
     ds.validate()
     result = {**summary, "metadata": meta, "dataset": str(out), "episodes": ds.num_episodes, "frames": ds.num_frames}
     atomic_write_json(Path(run_dir) / "record_summary.json", result)
-    jobs.update_status(run_dir, success_signs={"episodes": ds.num_episodes, "frames": ds.num_frames,
-                                               "expert_success_rate": summary["success_rate"], "dataset": str(out)})
+    jobs.update_status(
+        run_dir,
+        success_signs={
+            "episodes": ds.num_episodes,
+            "frames": ds.num_frames,
+            "expert_success_rate": summary["success_rate"],
+            "dataset": str(out),
+        },
+    )
     return result
 
 
@@ -360,8 +418,10 @@ def main(argv: list[str]) -> int:
 
     from tutorial_utils import params
 
-    p = argparse.ArgumentParser(prog="python -m tutorial_utils record",
-                                description="Record LIBERO demonstrations with the scripted expert into a LeRobot v2.1 dataset.")
+    p = argparse.ArgumentParser(
+        prog="python -m tutorial_utils record",
+        description="Record LIBERO demonstrations with the scripted expert into a LeRobot v2.1 dataset.",
+    )
     p.add_argument("--list-params", action="store_true", help="print every parameter, default and meaning")
     params.add_arguments(p, RecordConfig)
     a = p.parse_args(argv)

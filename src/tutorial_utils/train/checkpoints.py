@@ -6,10 +6,6 @@ import os
 import time
 from pathlib import Path
 
-
-
-
-
 TRAIN_STATE_FILE = "training_state.pt"
 TRAIN_STATE_JSON = "training_state.json"
 METRICS_FILE = "metrics.jsonl"
@@ -46,7 +42,3 @@ def slow_save_hook() -> None:
     delay = float(os.environ.get("TUTORIAL_TRAIN_SAVE_DELAY", "0") or 0)
     if delay > 0:
         time.sleep(delay)
-
-
-
-

@@ -6,11 +6,9 @@ import argparse
 import signal
 import sys
 
-
 from tutorial_utils.errors import TutorialError
 from tutorial_utils.train.config import TrainConfig, parameters_table, parse_overrides
 from tutorial_utils.train.loop import train
-
 
 # --- CLI --------------------------------------------------------------------------------------------
 
@@ -19,9 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tutorial_utils train",
         description="Train a policy family (policy=mini by default; mlp, ...). Parameters as key=value "
-                    "(platform names, DiT4DiT aliases, or policy.<name> for the family's own).",
+        "(platform names, DiT4DiT aliases, or policy.<name> for the family's own).",
         epilog="example: python -m tutorial_utils train --dataset data/libero_spatial_mini --output-dir runs/x "
-               "steps=2 batch_size=1 log_freq=1",
+        "steps=2 batch_size=1 log_freq=1",
     )
     parser.add_argument("--dataset", default=None, help="LeRobot v2.1 dataset directory")
     parser.add_argument("--output-dir", default=None, help="run directory")
@@ -73,5 +71,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-

@@ -16,8 +16,9 @@ family; it builds whatever :func:`tutorial_utils.policies.make` returns.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from tutorial_utils import params
 from tutorial_utils.errors import ConfigError, TutorialError
@@ -37,58 +38,95 @@ class TrainConfig:
     """Every training parameter. Platform names are canonical; DiT4DiT names are aliases."""
 
     # data and run
-    dataset: str = _p("", "LeRobot v2.1 dataset directory (with meta/modality.json and statistics). "
-                          "Alias data_mix: a name under data/ or a path.", "data")
+    dataset: str = _p(
+        "",
+        "LeRobot v2.1 dataset directory (with meta/modality.json and statistics). "
+        "Alias data_mix: a name under data/ or a path.",
+        "data",
+    )
     output_dir: str = _p("", "run directory: logs, metrics, checkpoints (a fresh one per run)", "data")
     run_id: str = _p("", "experiment id printed in `[Exp: id]` lines (default: output_dir's name)", "data")
-    val_fraction: float = _p(0.1, "share of episodes held out for the validation action error "
-                                  "(at least one episode when the dataset has two or more)", "data")
+    val_fraction: float = _p(
+        0.1,
+        "share of episodes held out for the validation action error "
+        "(at least one episode when the dataset has two or more)",
+        "data",
+    )
     val_samples: int = _p(64, "held-out frames scored at each evaluation (evenly spaced)", "data")
     data_cache_mb: int = _p(1024, "decoded-video cache per data process, MB (whole episodes are decoded once)", "data")
     # the policy family
-    policy: str = _p("mini", "policy family from the registry (`tutorial_utils.policies.trainable()`: mini, mlp, ...)",
-                     "policy")
+    policy: str = _p(
+        "mini", "policy family from the registry (`tutorial_utils.policies.trainable()`: mini, mlp, ...)", "policy"
+    )
     policy_config: Any = dataclasses.field(default=None, metadata={"help": None, "group": "policy"})
     # the training platform's parameters
-    batch_size: int = _p(8, "samples per step per process (alias per_device_batch_size). 1-32; larger is "
-                            "steadier but needs more memory")
-    steps: int = _p(10_000, "total optimisation steps (alias max_train_steps). Start near 10k and adjust "
-                            "from the validation curve")
+    batch_size: int = _p(
+        8, "samples per step per process (alias per_device_batch_size). 1-32; larger is steadier but needs more memory"
+    )
+    steps: int = _p(
+        10_000, "total optimisation steps (alias max_train_steps). Start near 10k and adjust from the validation curve"
+    )
     seed: int = _p(1000, "seed of the weights, the data order and the noise: same seed, same run")
     num_workers: int = _p(1, "DataLoader worker processes (0: load in the main process). 1/2 to 1x the CPU cores")
-    eval_freq: int = _p(1000, "evaluate the validation action error every N steps (alias eval_interval; "
-                              "about 10% of steps; 0: only at the end)")
-    log_freq: int = _p(10, "print the loss line and write a metrics row every N steps (alias "
-                           "logging_frequency; 10-100)")
+    eval_freq: int = _p(
+        1000,
+        "evaluate the validation action error every N steps (alias eval_interval; "
+        "about 10% of steps; 0: only at the end)",
+    )
+    log_freq: int = _p(
+        10, "print the loss line and write a metrics row every N steps (alias logging_frequency; 10-100)"
+    )
     save_freq: int = _p(3000, "save a checkpoint every N steps (alias save_interval; about 30% of steps)")
-    time_limit_min: float = _p(0.0, "stop after this many minutes of training and finish as if `steps` were reached "
-                                     "(checkpoint, final_model); a budget for the CPU chain. 0: no limit")
+    time_limit_min: float = _p(
+        0.0,
+        "stop after this many minutes of training and finish as if `steps` were reached "
+        "(checkpoint, final_model); a budget for the CPU chain. 0: no limit",
+    )
     save_checkpoint: bool = _p(True, "write checkpoints (step_*, last, best); off: only final_model")
     optimizer_lr: float = _p(1e-4, "peak learning rate of AdamW (1e-5..1e-4; lower when fine-tuning)", "optimizer")
     optimizer_weight_decay: float = _p(1e-4, "AdamW weight decay (0.0..0.01)", "optimizer")
     optimizer_grad_clip_norm: float = _p(1.0, "clip the gradient norm to this (1.0); 0 disables", "optimizer")
     optimizer_betas: tuple[float, ...] = _p((0.9, 0.95), "AdamW betas, e.g. 0.9,0.95 (DiT4DiT)", "optimizer")
     scheduler_warmup_steps: int = _p(500, "linear warm-up steps from 0 to optimizer_lr (5-10% of steps)", "scheduler")
-    scheduler_decay_steps: int = _p(0, "cosine decay steps after warm-up down to scheduler_decay_lr "
-                                       "(80-90% of steps; 0: all remaining steps)", "scheduler")
+    scheduler_decay_steps: int = _p(
+        0,
+        "cosine decay steps after warm-up down to scheduler_decay_lr (80-90% of steps; 0: all remaining steps)",
+        "scheduler",
+    )
     scheduler_decay_lr: float = _p(1e-5, "learning rate at the end of the decay (held afterwards)", "scheduler")
-    augment_shift: int = _p(4, "random image shift of up to N pixels (at image_size) while training, a cheap "
-                               "augmentation that helps closed-loop control; 0: off")
+    augment_shift: int = _p(
+        4,
+        "random image shift of up to N pixels (at image_size) while training, a cheap "
+        "augmentation that helps closed-loop control; 0: off",
+    )
     # DiT4DiT-style
-    pretrained_checkpoint: str = _p("", "start from this policy checkpoint directory (same family and config)", "dit4dit")
-    freeze_modules: str = _p("", "comma-separated modules not to train, e.g. backbone or "
-                                 "backbone.language_encoder (see --list-modules)", "dit4dit")
+    pretrained_checkpoint: str = _p(
+        "", "start from this policy checkpoint directory (same family and config)", "dit4dit"
+    )
+    freeze_modules: str = _p(
+        "",
+        "comma-separated modules not to train, e.g. backbone or backbone.language_encoder (see --list-modules)",
+        "dit4dit",
+    )
     resume: bool = _p(False, "continue the run in output_dir from checkpoints/last (exact: same losses)", "dit4dit")
-    keep_final_model: bool = _p(False, "keep output_dir/final_model (env KEEP_FINAL_MODEL=1 does the same); "
-                                       "by default it is removed after its size is reported", "dit4dit")
+    keep_final_model: bool = _p(
+        False,
+        "keep output_dir/final_model (env KEEP_FINAL_MODEL=1 does the same); "
+        "by default it is removed after its size is reported",
+        "dit4dit",
+    )
     # machine
     device: str = _p("auto", "auto, cpu or cuda (under accelerate launch: what accelerate picks)", "machine")
     num_threads: int = _p(0, "torch CPU threads per process (0: torch's default)", "machine")
     progress: bool = _p(True, "show a tqdm progress bar with ETA (on stderr)", "machine")
 
     def __post_init__(self) -> None:
-        if not isinstance(self.policy_config, (type(None), Mapping)) and not dataclasses.is_dataclass(self.policy_config):
-            raise ConfigError(f"policy_config must be a mapping or the family's config, got {type(self.policy_config).__name__}")
+        if not isinstance(self.policy_config, (type(None), Mapping)) and not dataclasses.is_dataclass(
+            self.policy_config
+        ):
+            raise ConfigError(
+                f"policy_config must be a mapping or the family's config, got {type(self.policy_config).__name__}"
+            )
         from tutorial_utils import policies
         from tutorial_utils.policies.trainable import make_config
 
@@ -100,7 +138,9 @@ class TrainConfig:
             self.policy_config = make_config(fam, self.policy_config)
 
     @classmethod
-    def from_overrides(cls, overrides: Mapping[str, Any] | Sequence[str] = (), base: "TrainConfig | None" = None) -> "TrainConfig":
+    def from_overrides(
+        cls, overrides: Mapping[str, Any] | Sequence[str] = (), base: TrainConfig | None = None
+    ) -> TrainConfig:
         """A config from ``{name: value}`` or ``["name=value", ...]``; values may be strings."""
         if not isinstance(overrides, Mapping):
             overrides = params.parse_overrides(overrides)
@@ -128,8 +168,16 @@ class TrainConfig:
         for name in ("batch_size", "steps", "val_samples"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
-        for name in ("num_workers", "eval_freq", "log_freq", "save_freq", "scheduler_warmup_steps",
-                     "scheduler_decay_steps", "num_threads", "augment_shift"):
+        for name in (
+            "num_workers",
+            "eval_freq",
+            "log_freq",
+            "save_freq",
+            "scheduler_warmup_steps",
+            "scheduler_decay_steps",
+            "num_threads",
+            "augment_shift",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -180,22 +228,27 @@ def canonical_name(key: str, family: str = "mini") -> tuple[str, str]:
         fam_fields = set()
     k = str(key).strip().lstrip("-").replace("-", "_")
     if k.startswith("policy."):
-        k = k[len("policy."):]
+        k = k[len("policy.") :]
         if k in fam_fields:
             return "policy", k
-        raise params.unknown_parameter(str(key), {f"policy.{n}" for n in fam_fields},
-                                       f"`python -m tutorial_utils train --list-params policy={family}`")
+        raise params.unknown_parameter(
+            str(key),
+            {f"policy.{n}" for n in fam_fields},
+            f"`python -m tutorial_utils train --list-params policy={family}`",
+        )
     for pre in _PREFIXES:
-        if k.startswith(pre) and k[len(pre):] in names | set(ALIASES) | fam_fields:
-            k = k[len(pre):]
+        if k.startswith(pre) and k[len(pre) :] in names | set(ALIASES) | fam_fields:
+            k = k[len(pre) :]
     k = ALIASES.get(k, k)
     if k in names:
         return "train", k
     if k in fam_fields:
         return "policy", k
     raise params.unknown_parameter(
-        str(key), names | set(ALIASES) | fam_fields,
-        f"`python -m tutorial_utils train --list-params` (aliases: {', '.join(sorted(ALIASES))})")
+        str(key),
+        names | set(ALIASES) | fam_fields,
+        f"`python -m tutorial_utils train --list-params` (aliases: {', '.join(sorted(ALIASES))})",
+    )
 
 
 def parse_overrides(items: Iterable[str]) -> dict[str, str]:

@@ -21,7 +21,6 @@ from tutorial_utils.policies.base import (
 )
 from tutorial_utils.train.config import DatasetNotReady
 
-
 # --- data ----------------------------------------------------------------------------------------
 
 
@@ -54,18 +53,29 @@ class ArraySource:
         idx = i + np.arange(horizon)
         mask = idx < end
         idx = np.minimum(idx, end - 1)
-        return {BATCH_IMAGE: self.primary[i], BATCH_WRIST: self.wrist[i], BATCH_STATE: self.state[i],
-                BATCH_ACTION: self.action[idx], BATCH_ACTION_IS_PAD: ~mask, BATCH_TASK: self.tasks[i]}
+        return {
+            BATCH_IMAGE: self.primary[i],
+            BATCH_WRIST: self.wrist[i],
+            BATCH_STATE: self.state[i],
+            BATCH_ACTION: self.action[idx],
+            BATCH_ACTION_IS_PAD: ~mask,
+            BATCH_TASK: self.tasks[i],
+        }
 
 
-def synthetic_source(n_episodes: int = 6, length: int = 24, image_size: int = 32, seed: int = 0,
-                     n_tasks: int = 2) -> ArraySource:
+def synthetic_source(
+    n_episodes: int = 6, length: int = 24, image_size: int = 32, seed: int = 0, n_tasks: int = 2
+) -> ArraySource:
     """A small learnable in-memory dataset: actions are a smooth function of state, the task and
     a colour patch in the image; statistics in the ``dataset_statistics.json`` layout."""
     rng = np.random.default_rng(seed)
     prim, wrist, st, act, epi, tasks = [], [], [], [], [], []
-    names = ["pick up the black bowl and place it on the plate", "push the red block to the left",
-             "open the top drawer", "put the cup in the basket"][:max(1, n_tasks)]
+    names = [
+        "pick up the black bowl and place it on the plate",
+        "push the red block to the left",
+        "open the top drawer",
+        "put the cup in the basket",
+    ][: max(1, n_tasks)]
     for e in range(n_episodes):
         task = e % len(names)
         goal = rng.uniform(-0.5, 0.5, 3)
@@ -73,9 +83,11 @@ def synthetic_source(n_episodes: int = 6, length: int = 24, image_size: int = 32
         for t in range(length):
             img = np.full((image_size, image_size, 3), 40, np.uint8)
             px = int((goal[0] + 0.5) * (image_size - 8))
-            img[4:12, px:px + 8, task % 3] = 220
+            img[4:12, px : px + 8, task % 3] = 220
             d = goal - pos
-            a = np.concatenate([np.clip(d * 4, -1, 1), [0.1 * task, -0.1 * task, 0.0], [1.0 if t < length // 2 else -1.0]])
+            a = np.concatenate(
+                [np.clip(d * 4, -1, 1), [0.1 * task, -0.1 * task, 0.0], [1.0 if t < length // 2 else -1.0]]
+            )
             s = np.concatenate([pos, [0.0, 0.0, 0.0], [0.04, -0.04]])
             prim.append(img)
             wrist.append(img[::-1].copy())
@@ -85,12 +97,23 @@ def synthetic_source(n_episodes: int = 6, length: int = 24, image_size: int = 32
             tasks.append(names[task])
             pos = pos + 0.05 * a[:3]
     act_a = np.asarray(act, np.float32)
-    stats = {"franka": {"action": {"min": act_a.min(0).tolist(), "max": act_a.max(0).tolist(),
-                                   "mean": act_a.mean(0).tolist(), "std": act_a.std(0).tolist(),
-                                   "mask": [True] * 6 + [False]},
-                        "state": {"min": np.min(st, 0).tolist(), "max": np.max(st, 0).tolist()},
-                        "num_trajectories": n_episodes, "num_transitions": len(act)}}
-    return ArraySource(np.stack(prim), np.stack(wrist), np.stack(st), act_a, np.array(epi), tasks, stats, name="synthetic")
+    stats = {
+        "franka": {
+            "action": {
+                "min": act_a.min(0).tolist(),
+                "max": act_a.max(0).tolist(),
+                "mean": act_a.mean(0).tolist(),
+                "std": act_a.std(0).tolist(),
+                "mask": [True] * 6 + [False],
+            },
+            "state": {"min": np.min(st, 0).tolist(), "max": np.max(st, 0).tolist()},
+            "num_trajectories": n_episodes,
+            "num_transitions": len(act),
+        }
+    }
+    return ArraySource(
+        np.stack(prim), np.stack(wrist), np.stack(st), act_a, np.array(epi), tasks, stats, name="synthetic"
+    )
 
 
 _INHERITED_READERS: list = []  # see LeRobotSource._reader
@@ -100,8 +123,8 @@ class LeRobotSource:
     """A LeRobot v2.1 dataset (``tutorial_utils.data.format``) as training windows."""
 
     def __init__(self, root: str | os.PathLike, statistics: dict, cache_mb: int = 512):
-        from tutorial_utils.data.libero_schema import LIBERO_CAMERAS
         from tutorial_utils.data.format import LeRobotDataset
+        from tutorial_utils.data.libero_schema import LIBERO_CAMERAS
 
         self.root = Path(root)
         self.cache_mb = cache_mb
@@ -109,8 +132,10 @@ class LeRobotSource:
         self._pid = os.getpid()
         keys = self.ds.video_keys
         if len(keys) < 2:
-            raise DatasetNotReady(f"{self.root}/meta/info.json: the mini policy needs two cameras (primary and wrist), "
-                                  f"the dataset has {keys}.")
+            raise DatasetNotReady(
+                f"{self.root}/meta/info.json: the mini policy needs two cameras (primary and wrist), "
+                f"the dataset has {keys}."
+            )
         self.primary_key = LIBERO_CAMERAS[0] if LIBERO_CAMERAS[0] in keys else keys[0]
         self.wrist_key = LIBERO_CAMERAS[1] if LIBERO_CAMERAS[1] in keys else keys[1]
         self.frame_episode = np.repeat(np.arange(self.ds.num_episodes), self.ds.lengths)
@@ -136,9 +161,14 @@ class LeRobotSource:
 
     def get(self, i: int, horizon: int) -> dict:
         s = self._reader().sample(int(i), action_horizon=horizon, video_delta_indices=(0,))
-        return {BATCH_IMAGE: s[self.primary_key][0], BATCH_WRIST: s[self.wrist_key][0],
-                BATCH_STATE: np.asarray(s["state"], np.float32), BATCH_ACTION: np.asarray(s["action"], np.float32),
-                BATCH_ACTION_IS_PAD: ~np.asarray(s["action_mask"], bool), BATCH_TASK: s["task"]}
+        return {
+            BATCH_IMAGE: s[self.primary_key][0],
+            BATCH_WRIST: s[self.wrist_key][0],
+            BATCH_STATE: np.asarray(s["state"], np.float32),
+            BATCH_ACTION: np.asarray(s["action"], np.float32),
+            BATCH_ACTION_IS_PAD: ~np.asarray(s["action_mask"], bool),
+            BATCH_TASK: s["task"],
+        }
 
 
 def _in_data(path: str | os.PathLike) -> Path:
@@ -151,7 +181,9 @@ def _in_data(path: str | os.PathLike) -> Path:
     return p
 
 
-def open_dataset(root: str | os.PathLike, run_dir: str | os.PathLike | None = None, cache_mb: int = 1024) -> LeRobotSource:
+def open_dataset(
+    root: str | os.PathLike, run_dir: str | os.PathLike | None = None, cache_mb: int = 1024
+) -> LeRobotSource:
     """Check a dataset is ready for training and open it; statistics go to ``run_dir``."""
     root = _in_data(root)
     if not (root / "meta" / "info.json").is_file():
@@ -213,7 +245,7 @@ def random_shift(batch: dict, pad: int, generator) -> dict:
         b, _, h, w = x.shape
         padded = F.pad(x, (pad, pad, pad, pad), mode="replicate")
         off = torch.randint(0, 2 * pad + 1, (b, 2), generator=generator)
-        out[key] = torch.stack([padded[i, :, off[i, 0]:off[i, 0] + h, off[i, 1]:off[i, 1] + w] for i in range(b)])
+        out[key] = torch.stack([padded[i, :, off[i, 0] : off[i, 0] + h, off[i, 1] : off[i, 1] + w] for i in range(b)])
     return out
 
 
@@ -234,10 +266,18 @@ class StepBatchSampler:
     the r-th slice of B. A resumed run therefore reads exactly the batches it would have.
     """
 
-    def __init__(self, indices: np.ndarray, batch_size: int, steps: int, seed: int, start: int = 0,
-                 rank: int = 0, world: int = 1):
+    def __init__(
+        self, indices: np.ndarray, batch_size: int, steps: int, seed: int, start: int = 0, rank: int = 0, world: int = 1
+    ):
         self.indices = np.asarray(indices, np.int64)
-        self.batch_size, self.steps, self.seed, self.start, self.rank, self.world = batch_size, steps, seed, start, rank, world
+        self.batch_size, self.steps, self.seed, self.start, self.rank, self.world = (
+            batch_size,
+            steps,
+            seed,
+            start,
+            rank,
+            world,
+        )
         self._perms: dict[int, np.ndarray] = {}
 
     def _perm(self, epoch: int) -> np.ndarray:
@@ -278,7 +318,3 @@ def split_episodes(frame_episode: np.ndarray, val_fraction: float) -> tuple[np.n
     val_eps = eps[picks] if n_val > 0 else eps[:0]
     is_val = np.isin(frame_episode, val_eps)
     return np.nonzero(~is_val)[0], np.nonzero(is_val)[0], [int(e) for e in val_eps]
-
-
-
-

@@ -6,12 +6,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-
 from tutorial_utils.io import read_jsonl
 from tutorial_utils.train.config import DatasetNotReady, TrainConfig
 from tutorial_utils.train.data import _in_data
 from tutorial_utils.train.loop import LOG_FILE, METRICS_FILE, TrainResult, train
-
 
 # --- the job notebook's logic ---------------------------------------------------------------------
 
@@ -74,11 +72,34 @@ def run_job(run_dir: str | os.PathLike, **params: Any) -> TrainResult:
     cfg = TrainConfig.from_overrides({**params, "dataset": str(root), "output_dir": str(run_dir)})
     res = train(cfg)
     log = parse_train_log(Path(run_dir) / LOG_FILE)
-    signs = {"parameters counted": log["total_params"] is not None, "first loss line": bool(log["steps"]),
-             "training complete": log["final_model"] is not None}
-    jobs.update_status(run_dir, success_signs=signs, train={k: res.summary.get(k) for k in (
-        "policy", "steps_done", "stopped_by", "first_loss", "last_loss", "best", "samples_per_s", "data_wait_share",
-        "last_checkpoint", "best_checkpoint", "final_model_bytes", "run_dir_bytes_after", "wall_s")}, dataset=str(root))
+    signs = {
+        "parameters counted": log["total_params"] is not None,
+        "first loss line": bool(log["steps"]),
+        "training complete": log["final_model"] is not None,
+    }
+    jobs.update_status(
+        run_dir,
+        success_signs=signs,
+        train={
+            k: res.summary.get(k)
+            for k in (
+                "policy",
+                "steps_done",
+                "stopped_by",
+                "first_loss",
+                "last_loss",
+                "best",
+                "samples_per_s",
+                "data_wait_share",
+                "last_checkpoint",
+                "best_checkpoint",
+                "final_model_bytes",
+                "run_dir_bytes_after",
+                "wall_s",
+            )
+        },
+        dataset=str(root),
+    )
     return res
 
 
@@ -88,11 +109,7 @@ def metrics_table(run_dir: str | os.PathLike, every: int = 1) -> list[dict]:
     for r in read_jsonl(Path(run_dir) / METRICS_FILE):
         rows.setdefault(int(r["step"]), {}).update(r)
     steps = sorted(rows)
-    keep = steps[::max(1, every)]
+    keep = steps[:: max(1, every)]
     if steps and steps[-1] not in keep:
         keep.append(steps[-1])
     return [rows[s] for s in keep]
-
-
-
-

@@ -35,9 +35,10 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,14 @@ from tutorial_utils.train.checkpoints import (
     step_dir_name,
 )
 from tutorial_utils.train.config import TrainConfig
-from tutorial_utils.train.data import StepBatchSampler, WindowDataset, collate, open_dataset, random_shift, split_episodes
+from tutorial_utils.train.data import (
+    StepBatchSampler,
+    WindowDataset,
+    collate,
+    open_dataset,
+    random_shift,
+    split_episodes,
+)
 
 LOG_FILE = "train.log"
 CONFIG_FILE = "train_config.json"
@@ -95,8 +103,10 @@ def apply_freeze(policy, names: Sequence[str]) -> list[str]:
         for p in modules[n].parameters():
             p.requires_grad_(False)
     if not any(p.requires_grad for p in policy.parameters()):
-        raise ConfigError(f"freeze_modules={','.join(names)!r} freezes every parameter: nothing would train. "
-                          "Leave at least action_model trainable.")
+        raise ConfigError(
+            f"freeze_modules={','.join(names)!r} freezes every parameter: nothing would train. "
+            "Leave at least action_model trainable."
+        )
     return list(names)
 
 
@@ -148,8 +158,15 @@ class RunLog:
         if main and cfg.progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.steps, initial=start_step, desc=f"train {run_id}", unit="step", dynamic_ncols=True,
-                            mininterval=1.0 if sys.stderr.isatty() else 10.0, file=sys.stderr)
+            self.bar = tqdm(
+                total=cfg.steps,
+                initial=start_step,
+                desc=f"train {run_id}",
+                unit="step",
+                dynamic_ncols=True,
+                mininterval=1.0 if sys.stderr.isatty() else 10.0,
+                file=sys.stderr,
+            )
         self.window: dict = {"wait": 0.0, "total": 0.0, "samples": 0, "loss": []}
         self.total_wait = self.total_time = 0.0
         self.losses: list[tuple[int, float]] = []
@@ -194,12 +211,26 @@ class RunLog:
             self.bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         if cfg.log_freq and (step % cfg.log_freq == 0 or step == cfg.steps):
             shown = {k: round(v, 6) for k, v in parts.items()}
-            self(L.TRAIN_STEP_LOSS.format(run_id=self.run_id, step=step, losses={
-                **shown, "learning_rate": lr, "grad_norm": round(grad_norm, 6)}))
-            self.metrics({"step": step, "loss": loss, "loss_mean": float(np.mean(w["loss"])), "lr": lr,
-                          "grad_norm": grad_norm, "samples_per_s": w["samples"] / max(w["total"], 1e-9),
-                          "data_wait_share": w["wait"] / max(w["total"], 1e-9),
-                          "epoch": step * cfg.batch_size * self.world / self.n_train, "time": time.time()})
+            self(
+                L.TRAIN_STEP_LOSS.format(
+                    run_id=self.run_id,
+                    step=step,
+                    losses={**shown, "learning_rate": lr, "grad_norm": round(grad_norm, 6)},
+                )
+            )
+            self.metrics(
+                {
+                    "step": step,
+                    "loss": loss,
+                    "loss_mean": float(np.mean(w["loss"])),
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "samples_per_s": w["samples"] / max(w["total"], 1e-9),
+                    "data_wait_share": w["wait"] / max(w["total"], 1e-9),
+                    "epoch": step * cfg.batch_size * self.world / self.n_train,
+                    "time": time.time(),
+                }
+            )
             self.window = {"wait": 0.0, "total": 0.0, "samples": 0, "loss": []}
 
     def close_bar(self) -> None:
@@ -228,12 +259,16 @@ class Checkpointer:
         if self.cfg.resume:
             found = find_last(self.root)
             if found is None:
-                raise ConfigError(f"resume=true but {self.root} holds no complete checkpoint; start without resume "
-                                  "(or point output_dir at the run to continue).")
+                raise ConfigError(
+                    f"resume=true but {self.root} holds no complete checkpoint; start without resume "
+                    "(or point output_dir at the run to continue)."
+                )
             return found
         if (self.root / "last").exists() or list(self.root.glob("step_*")):
-            raise ConfigError(f"{self.root.parent} already holds checkpoints of a run; pass resume=true to continue it, "
-                              "or a new output_dir (runs never overwrite another run).")
+            raise ConfigError(
+                f"{self.root.parent} already holds checkpoints of a run; pass resume=true to continue it, "
+                "or a new output_dir (runs never overwrite another run)."
+            )
         return None
 
     def restore(self, path: Path, model, optimizer, scheduler) -> int:
@@ -249,10 +284,15 @@ class Checkpointer:
         torch.set_rng_state(state["torch_rng"])
         meta = json.loads((path / TRAIN_STATE_JSON).read_text())
         self.best = meta.get("best", self.best)
-        if meta.get("world_size", self.world) != self.world or meta.get("batch_size", self.cfg.batch_size) != self.cfg.batch_size:
-            print(f"warning: resuming with batch_size={self.cfg.batch_size} x {self.world} processes; the checkpoint used "
-                  f"{meta.get('batch_size')} x {meta.get('world_size')}, so the data order differs from the original run.",
-                  file=sys.stderr)
+        if (
+            meta.get("world_size", self.world) != self.world
+            or meta.get("batch_size", self.cfg.batch_size) != self.cfg.batch_size
+        ):
+            print(
+                f"warning: resuming with batch_size={self.cfg.batch_size} x {self.world} processes; the checkpoint used "
+                f"{meta.get('batch_size')} x {meta.get('world_size')}, so the data order differs from the original run.",
+                file=sys.stderr,
+            )
         return int(meta["step"])
 
     def save(self, step: int, reason: str, model, optimizer, scheduler, force: bool = False) -> Path | None:
@@ -267,12 +307,28 @@ class Checkpointer:
         target = self.root / step_dir_name(step)
         with atomic_dir(target) as tmp:
             write_policy_files(model, tmp, {"dataset": self.dataset_meta, "step": step})
-            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                        "torch_rng": torch.get_rng_state()}, tmp / TRAIN_STATE_FILE)
+            torch.save(
+                {
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                },
+                tmp / TRAIN_STATE_FILE,
+            )
             slow_save_hook()
-            atomic_write_json(tmp / TRAIN_STATE_JSON, {"step": step, "run_id": self.run_id, "reason": reason,
-                                                       "best": self.best, "batch_size": self.cfg.batch_size,
-                                                       "world_size": self.world, "seed": self.cfg.seed, "time": time.time()})
+            atomic_write_json(
+                tmp / TRAIN_STATE_JSON,
+                {
+                    "step": step,
+                    "run_id": self.run_id,
+                    "reason": reason,
+                    "best": self.best,
+                    "batch_size": self.cfg.batch_size,
+                    "world_size": self.world,
+                    "seed": self.cfg.seed,
+                    "time": time.time(),
+                },
+            )
         point_last(self.root, target)
         return target
 
@@ -304,15 +360,19 @@ class Validator:
         gen = torch.Generator().manual_seed(self.seed)
         errs, masks = [], []
         for i in range(0, len(self.pick), 32):
-            b = collate([self.ds[int(k)] for k in self.pick[i:i + 32]])
+            b = collate([self.ds[int(k)] for k in self.pick[i : i + 32]])
             pred = model.predict(b, generator=gen)
             mask = (~b[BATCH_ACTION_IS_PAD]).numpy()[..., None].astype(np.float32)
             errs.append(np.abs(pred - b[BATCH_ACTION].numpy()) * mask)
             masks.append(np.broadcast_to(mask, pred.shape))
         e, w = np.concatenate(errs), np.concatenate(masks)
         per_dim = (e.sum((0, 1)) / np.maximum(w.sum((0, 1)), 1)).tolist()
-        return {"val_action_mae": float(e.sum() / max(w.sum(), 1)), "val_action_mae_xyz": float(np.mean(per_dim[:3])),
-                "val_gripper_mae": float(per_dim[-1]), "val_frames": int(len(self.pick))}
+        return {
+            "val_action_mae": float(e.sum() / max(w.sum(), 1)),
+            "val_action_mae_xyz": float(np.mean(per_dim[:3])),
+            "val_gripper_mae": float(per_dim[-1]),
+            "val_frames": int(len(self.pick)),
+        }
 
 
 @dataclass
@@ -352,16 +412,21 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
         s.model.train()
         improved = s.ckpt.offer_best(m, step, last_val)
         s.run_log.metrics({**last_val, "best": improved, "time": time.time()})
-        s.run_log(L.TRAIN_VALIDATION.format(run_id=s.run_id, step=step, metrics={
-            "val_action_mae": round(last_val["val_action_mae"], 6), "best": improved}))
+        s.run_log(
+            L.TRAIN_VALIDATION.format(
+                run_id=s.run_id,
+                step=step,
+                metrics={"val_action_mae": round(last_val["val_action_mae"], 6), "best": improved},
+            )
+        )
 
     stop = StopSignals()
     stop.install()
     t_start = time.perf_counter()
     try:
         try:
-            for step, stopped_by, time_limited in _steps(cfg, s, t_start, stop, on_step, validate):
-                pass
+            for state in _steps(cfg, s, t_start, stop, on_step, validate):
+                step, stopped_by, time_limited = state
         finally:
             stop.restore()
             s.run_log.close_bar()
@@ -371,16 +436,28 @@ def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] |
         s.run_log.close()
     rl = s.run_log
     summary = {
-        "run_id": s.run_id, "policy": cfg.policy, "steps": cfg.steps, "start_step": s.start_step, "steps_done": step,
-        "stopped_by": stopped_by, "time_limited": time_limited, "world_size": acc.num_processes,
-        "batch_size": cfg.batch_size, "parameters": s.counts, "frozen_modules": s.frozen,
-        "first_loss": rl.losses[0][1] if rl.losses else None, "last_loss": rl.losses[-1][1] if rl.losses else None,
+        "run_id": s.run_id,
+        "policy": cfg.policy,
+        "steps": cfg.steps,
+        "start_step": s.start_step,
+        "steps_done": step,
+        "stopped_by": stopped_by,
+        "time_limited": time_limited,
+        "world_size": acc.num_processes,
+        "batch_size": cfg.batch_size,
+        "parameters": s.counts,
+        "frozen_modules": s.frozen,
+        "first_loss": rl.losses[0][1] if rl.losses else None,
+        "last_loss": rl.losses[-1][1] if rl.losses else None,
         "wall_s": round(wall, 3),
         "samples_per_s": (step - s.start_step) * cfg.batch_size * acc.num_processes / max(rl.total_time, 1e-9),
-        "data_wait_share": rl.total_wait / max(rl.total_time, 1e-9), "best": s.ckpt.best, "last_val": last_val,
+        "data_wait_share": rl.total_wait / max(rl.total_time, 1e-9),
+        "best": s.ckpt.best,
+        "last_val": last_val,
         "last_checkpoint": str(find_last(s.ckpt.root)) if s.ckpt.root.exists() and find_last(s.ckpt.root) else None,
         "best_checkpoint": str(s.ckpt.root / "best") if (s.ckpt.root / "best").is_dir() else None,
-        "len_dataloader": s.len_loader, **paths_out,
+        "len_dataloader": s.len_loader,
+        **paths_out,
     }
     if main:
         atomic_write_json(out / SUMMARY_FILE, summary)
@@ -423,8 +500,10 @@ def _steps(cfg: TrainConfig, s: _Setup, t_start: float, stop: StopSignals, on_st
         s.optimizer.step()
         s.scheduler.step()
         step += 1
-        values = {k: float(acc.reduce(v.detach(), reduction="mean").item()) if world > 1 else float(v.item())
-                  for k, v in parts.items()}
+        values = {
+            k: float(acc.reduce(v.detach(), reduction="mean").item()) if world > 1 else float(v.item())
+            for k, v in parts.items()
+        }
         s.run_log.step(step, values, lr, float(gn), t1 - t0, time.perf_counter() - t0)
         if on_step:
             on_step(step, values["total_loss"])
@@ -433,7 +512,9 @@ def _steps(cfg: TrainConfig, s: _Setup, t_start: float, stop: StopSignals, on_st
         sig = stop.signum
         over = bool(cfg.time_limit_min) and time.perf_counter() - t_start > 60.0 * cfg.time_limit_min
         if world > 1:  # every rank must take the same decision in the same step
-            flags = acc.reduce(torch.tensor([1.0 if sig else 0.0, 1.0 if over else 0.0], device=acc.device), reduction="sum")
+            flags = acc.reduce(
+                torch.tensor([1.0 if sig else 0.0, 1.0 if over else 0.0], device=acc.device), reduction="sum"
+            )
             sig = stop.signum or (signal.SIGTERM if float(flags[0]) > 0 else None)
             over = float(flags[1]) > 0
         if sig:
@@ -466,11 +547,18 @@ def _prepare(cfg: TrainConfig, source) -> _Setup:
     cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
     acc = Accelerator(cpu=cpu)
     rank, world, main = acc.process_index, acc.num_processes, acc.is_main_process
-    if world == 1 and os.environ.get("MASTER_ADDR") and os.environ.get("ACCELERATE_USE_CPU") is not None \
-            and "WORLD_SIZE" not in os.environ:
-        print("warning: accelerate launch started ONE process. Without GPUs, `accelerate launch --num_processes N` "
-              "expects mpirun; add --multi_gpu (torchrun with the gloo backend on CPU) to get N processes: "
-              "`accelerate launch --multi_gpu --num_processes 2 -m tutorial_utils train ...`.", file=sys.stderr)
+    if (
+        world == 1
+        and os.environ.get("MASTER_ADDR")
+        and os.environ.get("ACCELERATE_USE_CPU") is not None
+        and "WORLD_SIZE" not in os.environ
+    ):
+        print(
+            "warning: accelerate launch started ONE process. Without GPUs, `accelerate launch --num_processes N` "
+            "expects mpirun; add --multi_gpu (torchrun with the gloo backend on CPU) to get N processes: "
+            "`accelerate launch --multi_gpu --num_processes 2 -m tutorial_utils train ...`.",
+            file=sys.stderr,
+        )
     if main:
         out.mkdir(parents=True, exist_ok=True)
     run_id = cfg.run_id or out.name
@@ -487,8 +575,11 @@ def _prepare(cfg: TrainConfig, source) -> _Setup:
     train_idx, val_idx, val_eps = split_episodes(source.frame_episode, cfg.val_fraction)
     if len(train_idx) == 0:
         raise ConfigError("no training frames left after holding out validation episodes; lower val_fraction.")
-    dataset_meta = {"name": getattr(source, "name", ""), "image_size": (getattr(source, "image_shape", None) or [None])[0],
-                    "gripper": "dataset"}  # LIBERO LeRobot data (IPEC, our recordings): 1 open, -1 close
+    dataset_meta = {
+        "name": getattr(source, "name", ""),
+        "image_size": (getattr(source, "image_shape", None) or [None])[0],
+        "gripper": "dataset",
+    }  # LIBERO LeRobot data (IPEC, our recordings): 1 open, -1 close
     ckpt = Checkpointer(out, cfg, run_id, main, world, dataset_meta)
     resume_from = ckpt.resume_point()
     acc.wait_for_everyone()
@@ -501,21 +592,37 @@ def _prepare(cfg: TrainConfig, source) -> _Setup:
     frozen = apply_freeze(policy, cfg.freeze_list)
     counts = policy.parameter_counts()
     params = [p for p in policy.parameters() if p.requires_grad]
-    # the fused AdamW kernel updates all tensors in one pass (~10% of a CPU step for a small model)
-    optimizer = torch.optim.AdamW(params, lr=cfg.optimizer_lr, betas=tuple(cfg.optimizer_betas),
-                                  weight_decay=cfg.optimizer_weight_decay, fused=True)
+    # the fused AdamW kernel updates all tensors in one pass
+    optimizer = torch.optim.AdamW(
+        params,
+        lr=cfg.optimizer_lr,
+        betas=tuple(cfg.optimizer_betas),
+        weight_decay=cfg.optimizer_weight_decay,
+        fused=True,
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     start_step = ckpt.restore(resume_from, policy, optimizer, scheduler) if resume_from is not None else 0
     model, optimizer = acc.prepare(policy, optimizer)
 
     if main:
-        atomic_write_json(out / CONFIG_FILE, {"train": cfg.to_dict(), "policy": cfg.policy,
-                                              "policy_config": cfg.to_dict()["policy_config"], "run_id": run_id,
-                                              "world_size": world, "val_episodes": val_eps,
-                                              "dataset": {"name": getattr(source, "name", ""),
-                                                          "frames": len(source), "train_frames": len(train_idx),
-                                                          "val_frames": len(val_idx),
-                                                          "image_shape": list(getattr(source, "image_shape", []))}})
+        atomic_write_json(
+            out / CONFIG_FILE,
+            {
+                "train": cfg.to_dict(),
+                "policy": cfg.policy,
+                "policy_config": cfg.to_dict()["policy_config"],
+                "run_id": run_id,
+                "world_size": world,
+                "val_episodes": val_eps,
+                "dataset": {
+                    "name": getattr(source, "name", ""),
+                    "frames": len(source),
+                    "train_frames": len(train_idx),
+                    "val_frames": len(val_idx),
+                    "image_shape": list(getattr(source, "image_shape", [])),
+                },
+            },
+        )
         atomic_write_json(out / STATS_FILE, source.statistics)
         if start_step and (out / METRICS_FILE).is_file():  # drop rows past the checkpoint we resume from
             rows = [r for r in read_jsonl(out / METRICS_FILE) if int(r.get("step", 0)) <= start_step]
@@ -523,18 +630,39 @@ def _prepare(cfg: TrainConfig, source) -> _Setup:
 
     h, size = policy.action_horizon, policy.image_size
     sampler = StepBatchSampler(train_idx, cfg.batch_size, cfg.steps, cfg.seed, start_step, rank, world)
-    loader = torch.utils.data.DataLoader(WindowDataset(source, train_idx, h, size), batch_sampler=sampler,
-                                         num_workers=cfg.num_workers, collate_fn=collate, persistent_workers=False,
-                                         prefetch_factor=4 if cfg.num_workers else None)
+    loader = torch.utils.data.DataLoader(
+        WindowDataset(source, train_idx, h, size),
+        batch_sampler=sampler,
+        num_workers=cfg.num_workers,
+        collate_fn=collate,
+        persistent_workers=False,
+        prefetch_factor=4 if cfg.num_workers else None,
+    )
     len_loader = math.ceil(len(train_idx) / (cfg.batch_size * world))
     run_log = RunLog(out, cfg, run_id, main, start_step, world, len(train_idx))
     run_log.header(counts, frozen, len_loader, start_step, resume_from)
-    return _Setup(acc, model, optimizer, scheduler, params, loader, source, run_log, ckpt,
-                  Validator(source, val_idx, cfg, h, size), start_step, counts, frozen, len_loader, run_id)
+    return _Setup(
+        acc,
+        model,
+        optimizer,
+        scheduler,
+        params,
+        loader,
+        source,
+        run_log,
+        ckpt,
+        Validator(source, val_idx, cfg, h, size),
+        start_step,
+        counts,
+        frozen,
+        len_loader,
+        run_id,
+    )
 
 
-def _finish(cfg: TrainConfig, s: _Setup, out: Path, step: int, stopped_by, time_limited: bool, last_val: dict,
-            validate) -> dict:
+def _finish(
+    cfg: TrainConfig, s: _Setup, out: Path, step: int, stopped_by, time_limited: bool, last_val: dict, validate
+) -> dict:
     """After the loop: a checkpoint for a stopped run; for a finished one the final checkpoint,
     ``final_model`` and the disk-usage lines (``final_model`` removed unless kept)."""
     acc, main, log = s.acc, s.acc.is_main_process, s.run_log
@@ -566,7 +694,11 @@ def _finish(cfg: TrainConfig, s: _Setup, out: Path, step: int, stopped_by, time_
             shutil.rmtree(final)
             size_after = dir_size(out)
             log(L.TRAIN_FINAL_REMOVED.format(run_dir=human_bytes(size_after)))
-        result.update(final_model=str(final) if keep else None, final_model_bytes=size_final,
-                      run_dir_bytes_before=size_before, run_dir_bytes_after=size_after)
+        result.update(
+            final_model=str(final) if keep else None,
+            final_model_bytes=size_final,
+            run_dir_bytes_before=size_before,
+            run_dir_bytes_after=size_after,
+        )
     acc.wait_for_everyone()
     return result
