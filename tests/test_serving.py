@@ -121,8 +121,11 @@ def test_our_client_drives_openpi_style_server():
             assert client.metadata == {"server": "openpi-style"}
             reply = client.infer(_obs())
             np.testing.assert_array_equal(reply["actions"], np.full((5, 7), 8, np.float32))
-            with pytest.raises(ServerError, match="KeyError"):
+            with pytest.raises(ServerError, match="KeyError") as ei:
                 client.infer({"prompt": "no state"})
+            # openpi's servers send the whole traceback: the client keeps it
+            assert ei.value.server_traceback.startswith("Traceback (most recent call last)")
+            assert "--- server traceback ---" in str(ei.value)
 
 
 def test_dit4dit_examples_request(server):
@@ -157,7 +160,8 @@ def test_malformed_msgpack_gets_error_and_server_keeps_serving(server):
         unpackb(ws.recv(timeout=5))  # metadata
         ws.send(b"\xc1\xc1 not msgpack")
         err = ws.recv(timeout=5)
-        assert isinstance(err, str) and "not valid msgpack" in err
+        assert isinstance(err, str) and err.startswith("WireError: ") and "not valid msgpack" in err
+        assert "Traceback" not in err and ".py" not in err  # type and message only (no --debug)
         ws.send(packb(_obs()))
         assert unpackb(ws.recv(timeout=5))["actions"].shape == (8, 7)
 
@@ -166,8 +170,11 @@ def test_missing_observation_key(server):
     obs = _obs()
     del obs["observation/wrist_image"]
     with PolicyClient(port=server.port) as client:
-        with pytest.raises(ServerError, match="missing key.*observation/wrist_image"):
+        with pytest.raises(
+            ServerError, match="ObservationError: request is missing key.*observation/wrist_image"
+        ) as ei:
             client.infer(obs)
+    assert ei.value.server_traceback is None and "Traceback" not in str(ei.value)
 
 
 def test_wrong_image_shape(server):

@@ -9,10 +9,21 @@ import signal
 import sys
 
 from tutorial_utils import logs as _logs
-from tutorial_utils.serve.protocol import DEFAULT_HOST, DEFAULT_PORT, PortInUse
+from tutorial_utils.serve.protocol import DEFAULT_HOST, DEFAULT_MAX_FRAME_BYTES, DEFAULT_PORT, PortInUse
 from tutorial_utils.serve.server import PolicyServer, configure_logging
 
 logger = logging.getLogger("tutorial_utils.serve")
+MIB = 2**20
+
+
+def _megabytes(text: str) -> float:
+    try:
+        mb = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB, found {text!r}") from None
+    if not mb > 0 or mb * MIB < 1 or mb == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of MiB, found {text!r}")
+    return mb
 
 
 def main(argv: list[str]) -> int:
@@ -32,6 +43,18 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="run inference in a worker thread (slow policies: keeps /healthz and pings answered)",
     )
+    ap.add_argument(
+        "--max-frame-mb",
+        type=_megabytes,
+        default=DEFAULT_MAX_FRAME_BYTES / MIB,
+        help=f"largest request frame in MiB (default {DEFAULT_MAX_FRAME_BYTES / MIB:g}: an openpi LIBERO request, "
+        "two 224x224 images + state + prompt, is ~0.3 MB); a bigger frame closes its connection with code 1009",
+    )
+    ap.add_argument(
+        "--debug",
+        action="store_true",
+        help="send the full traceback in error replies (default: only 'ErrorType: message'; the log has it anyway)",
+    )
     args = ap.parse_args(argv)
     configure_logging()
     try:
@@ -39,7 +62,14 @@ def main(argv: list[str]) -> int:
     except policies.PolicyUnavailable as exc:
         logger.error(_logs.SERVER_POLICY_UNAVAILABLE.format(policy=args.policy, reason=exc))
         return 3
-    server = PolicyServer(policy, args.host, args.port, infer_in_thread=args.infer_in_thread)
+    server = PolicyServer(
+        policy,
+        args.host,
+        args.port,
+        infer_in_thread=args.infer_in_thread,
+        max_frame_bytes=int(args.max_frame_mb * MIB),
+        debug=args.debug,
+    )
 
     async def _run() -> None:
         loop = asyncio.get_running_loop()

@@ -66,7 +66,11 @@ class PolicyClient:
     Retries the connection every ``retry_interval`` s for up to ``connect_timeout`` s while the
     server starts, then raises :class:`ServerUnavailable`. Each reply is awaited at most
     ``recv_timeout`` s; a closed connection or a timeout raises :class:`ServerDied`, a text
-    frame raises :class:`ServerError` with the server's traceback.
+    frame raises :class:`ServerError` with the server's message (and its traceback when the server
+    runs with ``--debug``). Replies and metadata are decoded with
+    :func:`tutorial_utils.serve.wire.unpackb`, so a crafted reply raises
+    :class:`~tutorial_utils.serve.wire.WireError` instead of building an unsafe array. Replies of
+    any size are read (``max_size=None``, as openpi's client).
     """
 
     def __init__(
@@ -117,7 +121,11 @@ class PolicyClient:
             if isinstance(first, str):
                 ws.close()
                 raise ServerError(first)
-            return ws, unpackb(first)
+            try:
+                return ws, unpackb(first)
+            except Exception:
+                ws.close()
+                raise
         raise ServerUnavailable(
             f"could not connect to the policy server at {self.uri} within {timeout:.0f} s "
             f"(last error: {type(last).__name__}: {last}). Start it first "
@@ -130,8 +138,9 @@ class PolicyClient:
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         from websockets.exceptions import ConnectionClosed
 
+        frame = packb(to_request(obs, self.protocol))
         try:
-            self._ws.send(packb(to_request(obs, self.protocol)))
+            self._ws.send(frame)
             reply = self._ws.recv(timeout=self.recv_timeout)
         except TimeoutError:
             raise ServerDied(
@@ -139,6 +148,12 @@ class PolicyClient:
                 f"it may be stuck or overloaded (read server.log)"
             ) from None
         except ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code == 1009:
+                raise ServerDied(
+                    f"the policy server at {self.uri} refused the request: {len(frame)} bytes is over its frame "
+                    f"limit ({exc.rcvd.reason}). Send smaller images, or start the server with a larger "
+                    f"--max-frame-mb (python -m tutorial_utils serve --max-frame-mb ...)."
+                ) from None
             raise ServerDied(
                 f"the policy server at {self.uri} closed the connection in the middle of a request "
                 f"({exc}); did the server process die? Read server.log."

@@ -2,7 +2,11 @@
 
 The wire protocol, which openpi's ``openpi-client`` and DiT4DiT's ``server_policy.py`` share:
 
-- websockets with ``compression=None`` and ``max_size=None``;
+- websockets with ``compression=None``. openpi's server sets ``max_size=None``; ours refuses a
+  frame over ``max_frame_bytes`` (default :data:`DEFAULT_MAX_FRAME_BYTES`, 16 MiB; ``serve
+  --max-frame-mb``) before buffering it, closing the connection with code 1009 (message too big).
+  An openpi LIBERO request (two 224x224x3 uint8 images, the state and the prompt) is ~0.3 MB, so
+  the default leaves 50x headroom. Clients accept replies of any size (``max_size=None``);
 - on connect the server sends one binary frame: the policy's metadata;
 - then request / reply, each a msgpack binary frame. numpy arrays travel as maps
   ``{"__ndarray__": True, "data": <raw bytes>, "dtype": "<f4", "shape": [..]}`` and numpy
@@ -10,8 +14,10 @@ The wire protocol, which openpi's ``openpi-client`` and DiT4DiT's ``server_polic
   msgpack *bin* strings, as openpi writes them; we read str keys too);
 - a reply carries ``server_timing`` (``infer_ms``, and ``prev_total_ms`` from the second
   request on);
-- a *text* frame from the server is an error: it carries the server's traceback, and the
-  client raises it. Our server then keeps serving the same connection;
+- a *text* frame from the server is an error, and the client raises it. Ours carries only
+  ``ErrorType: message`` (no traceback, file paths shortened to their last part); a server
+  started with ``debug=True`` (``serve --debug``) sends the full traceback, as openpi's does. The
+  server's log always has the full traceback. Our server then keeps serving the same connection;
 - ``GET /healthz`` answers ``OK``.
 
 Two request shapes are understood (see :func:`to_policy_observation`):
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tutorial_utils.errors import TutorialError
 from tutorial_utils.policies.base import (
     IMAGE_KEY,
     OPENPI_KEYS,
@@ -47,12 +54,15 @@ from tutorial_utils.policies.base import (
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 HEALTH_PATH = "/healthz"
+#: The largest frame the server reads (``PolicyServer(max_frame_bytes=...)``, ``serve --max-frame-mb``):
+#: 16 MiB, ~50x an openpi LIBERO request (2 x 224x224x3 uint8 images + state + prompt, ~0.3 MB).
+DEFAULT_MAX_FRAME_BYTES = 16 * 2**20
 
 
 # --- errors --------------------------------------------------------------------------------------
 
 
-class ServingError(RuntimeError):
+class ServingError(TutorialError, RuntimeError):
     """Base class of the serving errors."""
 
 
@@ -61,12 +71,20 @@ class ObservationError(ServingError, ValueError):
 
 
 class ServerError(ServingError):
-    """The server answered with a text frame (its traceback)."""
+    """The server answered with a text frame: ``ErrorType: message``, or the whole traceback from a
+    server started with ``--debug`` (and from openpi's). ``server_message`` is the last line,
+    ``server_traceback`` the traceback (None when the server sent none)."""
 
     def __init__(self, text: str):
-        last = next((ln for ln in reversed(text.strip().splitlines()) if ln.strip()), text)
-        super().__init__(f"policy server error: {last}\n--- server traceback ---\n{text.rstrip()}")
-        self.server_traceback = text
+        text = text.strip()
+        last = next((ln.strip() for ln in reversed(text.splitlines()) if ln.strip()), text)
+        has_tb = "Traceback (most recent call last)" in text
+        self.server_message = last if has_tb else text
+        self.server_traceback = text if has_tb else None
+        if has_tb:
+            super().__init__(f"policy server error: {last}\n--- server traceback ---\n{text}")
+        else:
+            super().__init__(f"policy server error: {text}")
 
 
 class ServerUnavailable(ServingError, TimeoutError):
@@ -92,7 +110,13 @@ def _as_image(value: Any, key: str, size: int | None):
 
     from tutorial_utils.data.images import resize
 
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError, OverflowError):  # ragged lists, ...
+        raise ObservationError(
+            f"request key {key!r}: expected an image (H, W, 3) uint8 array, found a {type(value).__name__} "
+            f"numpy cannot read as an array."
+        ) from None
     if arr.ndim != 3 or arr.shape[-1] != 3:
         raise ObservationError(
             f"request key {key!r}: expected an image of shape (H, W, 3), found shape {tuple(arr.shape)}. "
@@ -114,7 +138,22 @@ def _as_image(value: Any, key: str, size: int | None):
 def _as_state(value: Any, key: str):
     import numpy as np
 
-    arr = np.asarray(value, dtype=np.float64).reshape(-1)
+    expected = f"Send {STATE_DIM} finite numbers, e.g. a float32 array of shape ({STATE_DIM},)."
+    arr = None
+    if not isinstance(value, (str, bytes, bytearray, dict)):
+        try:
+            arr = np.asarray(value)
+        except (TypeError, ValueError, OverflowError):  # ragged lists, ...
+            arr = None
+    if arr is None or arr.dtype.kind not in "biuf":
+        found = type(value).__name__ if arr is None else f"{type(value).__name__} of dtype {arr.dtype}"
+        raise ObservationError(f"request key {key!r}: expected numbers, found a {found}. {expected}")
+    arr = arr.astype(np.float64).reshape(-1)
+    if not np.isfinite(arr).all():
+        raise ObservationError(
+            f"request key {key!r}: the state must be finite, found {int((~np.isfinite(arr)).sum())} NaN/inf "
+            f"value(s). {expected}"
+        )
     if arr.shape[0] == 2 * STATE_DIM:  # DiT4DiT's sin/cos encoded state: sin(s) then cos(s)
         arr = np.arctan2(arr[:STATE_DIM], arr[STATE_DIM:])
     if arr.shape[0] != STATE_DIM:
@@ -156,6 +195,11 @@ def to_policy_observation(request: Any, image_size: int | None = None) -> dict[s
             )
         images = ex["image"]
         images = list(images) if isinstance(images, (list, tuple)) else [images]
+        if not images:
+            raise ObservationError(
+                "request key 'examples[0].image': the list is empty; send [primary || wrist] side by side, "
+                "or [primary, wrist]."
+            )
         if len(images) == 1:  # primary || wrist side by side
             both = _as_image(images[0], "examples[0].image", None)
             h, w = both.shape[:2]

@@ -8,6 +8,7 @@ import errno
 import http
 import http.client
 import logging
+import re
 import socket
 import sys
 import threading
@@ -16,6 +17,7 @@ import traceback
 from typing import Any
 
 from tutorial_utils import logs as _logs
+from tutorial_utils import secrets as _secrets
 from tutorial_utils.data.libero_schema import (
     DATASET_GRIPPER,
     GRIPPER_CONVENTIONS,
@@ -24,6 +26,7 @@ from tutorial_utils.data.libero_schema import (
 )
 from tutorial_utils.serve.protocol import (
     DEFAULT_HOST,
+    DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_PORT,
     HEALTH_PATH,
     ObservationError,
@@ -36,6 +39,21 @@ from tutorial_utils.serve.protocol import (
 from tutorial_utils.serve.wire import packb, unpackb
 
 logger = logging.getLogger("tutorial_utils.serve")
+
+#: websockets' close code for a frame over ``max_size``
+CLOSE_MESSAGE_TOO_BIG = 1009
+#: an absolute POSIX path's folders (``/home/me/runs/x/``), kept out of error replies: what follows
+#: (the file name) stays. Not after a word, a dot, ``~``, ``:`` or ``/``, so URLs and keys such as
+#: ``observation/state`` are left alone.
+_ABS_DIRS = re.compile(r"(?<![\w.~:/-])/(?:[^\s/'\"`]+/)+")
+
+
+def error_reply(exc: BaseException, debug: bool = False) -> str:
+    """The text frame sent for a failed request: ``ErrorType: message`` with absolute paths cut to
+    their last part (``.../weights.bin``) and secrets masked; with ``debug`` the full traceback
+    (call it inside the ``except`` block)."""
+    text = traceback.format_exc() if debug else f"{type(exc).__name__}: {_ABS_DIRS.sub('.../', str(exc))}"
+    return _secrets.redact(text)
 
 
 def announced_metadata(policy_metadata: dict) -> dict:
@@ -82,6 +100,12 @@ class PolicyServer:
     ``await server.serve()`` runs until :meth:`stop`. ``port=0`` picks a free port
     (read :attr:`port` once :attr:`ready` is set).
 
+    A frame larger than ``max_frame_bytes`` (default
+    :data:`~tutorial_utils.serve.protocol.DEFAULT_MAX_FRAME_BYTES`, 16 MiB) is refused from its
+    header, before it is buffered: that connection is closed with code 1009 and the server goes on.
+    A failed request is answered with a text frame ``ErrorType: message`` (paths cut to their last
+    part); ``debug=True`` sends the full traceback instead. The log always has the traceback.
+
     Requests may carry images of any size: they are resized to the policy's ``image_size``
     (see :func:`~tutorial_utils.serve.protocol.to_policy_observation`). openpi-shaped requests are
     answered in robosuite's gripper convention, as openpi's LIBERO example passes ``actions``
@@ -99,9 +123,20 @@ class PolicyServer:
         port: int = DEFAULT_PORT,
         metadata: dict | None = None,
         infer_in_thread: bool = False,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        debug: bool = False,
     ):
+        from tutorial_utils.errors import ConfigError
+
+        if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int) or max_frame_bytes <= 0:
+            raise ConfigError(
+                f"max_frame_bytes must be a positive number of bytes, found {max_frame_bytes!r}; "
+                f"the default {DEFAULT_MAX_FRAME_BYTES} (16 MiB) fits openpi's LIBERO requests 50 times"
+            )
         self.policy = policy
         self.infer_in_thread = infer_in_thread
+        self.max_frame_bytes = max_frame_bytes
+        self.debug = debug
         self.host = host
         self.port = port
         self.policy_metadata = dict(metadata if metadata is not None else getattr(policy, "metadata", {}) or {})
@@ -145,17 +180,23 @@ class PolicyServer:
         while True:
             try:
                 frame = await ws.recv()
-            except websockets.ConnectionClosed:
+            except websockets.ConnectionClosed as exc:
+                if exc.sent is not None and exc.sent.code == CLOSE_MESSAGE_TOO_BIG:
+                    self.errors += 1
+                    logger.warning(
+                        _logs.SERVER_REQUEST_ERROR.format(
+                            addr=addr,
+                            error=f"frame over the {self.max_frame_bytes} byte limit, connection closed "
+                            f"(1009 {exc.sent.reason}); raise it with --max-frame-mb",
+                        )
+                    )
                 logger.info(_logs.SERVER_CONNECTION_CLOSED.format(addr=addr))
                 return
             t0 = time.monotonic()
             try:
                 if isinstance(frame, str):
                     raise ObservationError("expected a binary msgpack frame, received a text frame")
-                try:
-                    request = unpackb(frame)
-                except Exception as exc:  # msgpack raises several types
-                    raise ObservationError(f"request is not valid msgpack ({type(exc).__name__}: {exc})") from None
+                request = unpackb(frame)  # WireError names the key of a bad ndarray map
                 t_inf = time.monotonic()
                 if self.infer_in_thread:
                     reply = await loop.run_in_executor(self._executor, self._infer, request)
@@ -169,9 +210,11 @@ class PolicyServer:
                 data = packb(reply)
             except Exception as exc:
                 self.errors += 1
-                logger.warning(_logs.SERVER_REQUEST_ERROR.format(addr=addr, error=f"{type(exc).__name__}: {exc}"))
+                logger.warning(
+                    _logs.SERVER_REQUEST_ERROR.format(addr=addr, error=f"{type(exc).__name__}: {exc}"), exc_info=True
+                )
                 try:
-                    await ws.send(traceback.format_exc())
+                    await ws.send(error_reply(exc, self.debug))
                 except websockets.ConnectionClosed:
                     logger.info(_logs.SERVER_CONNECTION_CLOSED.format(addr=addr))
                     return
@@ -195,7 +238,7 @@ class PolicyServer:
                 self.host,
                 self.port,
                 compression=None,
-                max_size=None,
+                max_size=self.max_frame_bytes,
                 process_request=_health_check,
                 reuse_address=True,
             )
@@ -258,8 +301,9 @@ class ServerThread:
     ``with ServerThread(policy) as srv: client = PolicyClient(port=srv.port)``.
     """
 
-    def __init__(self, policy, host: str = DEFAULT_HOST, port: int = 0, metadata: dict | None = None):
-        self.server = PolicyServer(policy, host, port, metadata)
+    def __init__(self, policy, host: str = DEFAULT_HOST, port: int = 0, metadata: dict | None = None, **server_options):
+        """``server_options``: :class:`PolicyServer`'s ``infer_in_thread``, ``max_frame_bytes``, ``debug``."""
+        self.server = PolicyServer(policy, host, port, metadata, **server_options)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="policy-server", daemon=True)
 
