@@ -123,14 +123,20 @@ class ServedModel(Policy):
 
     @property
     def metadata(self) -> dict[str, Any]:
+        """What the server announces to every client. ``checkpoint`` is only the checkpoint's last
+        part (``checkpoints/last``, or the folder's name): clients never see the server's paths."""
+        from pathlib import PurePath
+
         h = self.model.action_horizon
+        ck = PurePath(self.checkpoint) if self.checkpoint else None
+        shown = "" if ck is None else (f"{ck.parent.name}/{ck.name}" if ck.parent.name == "checkpoints" else ck.name)
         return {
             **super().metadata,
             "image_size": self._image_size or self.model.image_size,
             "action_horizon": h,
             "replan_steps": int(self._replan or h),
             "gripper": self._gripper or self.model.gripper,
-            "checkpoint": self.checkpoint,
+            "checkpoint": shown,
         }
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
