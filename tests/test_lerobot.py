@@ -186,17 +186,22 @@ def test_writer_resume_and_discard_half_written(tmp_path):
     assert ds.sample(21)["index"] == 21 and ds.sample(21)["task_index"] == 0
 
 
-def test_writer_commit_requires_all_files(tmp_path):
+def test_writer_refuses_a_committed_episode_with_a_missing_file(tmp_path):
+    """A file of a committed episode is gone (by hand: the writer fsyncs before it commits). The
+    writer refuses to resume, names the file, and deletes nothing (it used to drop the episode
+    and delete its other files)."""
     root = tmp_path / "d"
     w = LeRobotWriter(root, libero_features(SIZE), 20)
     w.add_episode(_episode(10, 0), "a")
     w.add_episode(_episode(10, 1), "a")
-    (root / "videos/chunk-000/observation.images.wrist_image/episode_000001.mp4").unlink()
+    gone = root / "videos/chunk-000/observation.images.wrist_image/episode_000001.mp4"
+    gone.unlink()
     w.close()
-    w2 = LeRobotWriter(root, libero_features(SIZE), 20)
-    assert w2.num_episodes == 1
-    w2.finalize()
-    assert LeRobotDataset(root).num_episodes == 1
+    before = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    with pytest.raises(DatasetError, match="lists episode 1 but this file is missing.*deleted nothing") as e:
+        LeRobotWriter(root, libero_features(SIZE), 20)
+    assert e.value.file == str(gone) and "move the folder aside" in e.value.fix
+    assert sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file()) == before
 
 
 def test_writer_refuses_other_dataset(tiny, tmp_path):

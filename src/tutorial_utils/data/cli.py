@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import bisect
-import collections
 import json
-import os
-import re
-import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
 
-import numpy as np
-
-from tutorial_utils.io import atomic_path, atomic_write_json, atomic_write_text
-from tutorial_utils.errors import DatasetError
 from tutorial_utils.data.format import LeRobotDataset
-
+from tutorial_utils.errors import TutorialError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tutorial_utils dataset",
-                                     description="Inspect, validate and generate LeRobot v2.1 datasets.")
+    parser = argparse.ArgumentParser(
+        prog="python -m tutorial_utils dataset", description="Inspect, validate and generate LeRobot v2.1 datasets."
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("info", help="print a summary of a dataset (JSON)")
     p.add_argument("root")
@@ -40,12 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tasks", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true")
-    p = sub.add_parser("stats", help="compute (or load cached) stats_gr00t.json, the step index and "
-                                     "dataset_statistics.json")
+    p = sub.add_parser(
+        "stats", help="compute (or load cached) stats_gr00t.json, the step index and dataset_statistics.json"
+    )
     p.add_argument("root")
     p.add_argument("--run-dir", default=None, help="also write <run-dir>/dataset_statistics.json")
-    p.add_argument("--write-pkl", action="store_true",
-                   help="also write the upstream meta/steps_data_index.pkl (for DiT4DiT's loader)")
+    p.add_argument(
+        "--write-pkl",
+        action="store_true",
+        help="also write the upstream meta/steps_data_index.pkl (for DiT4DiT's loader)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.cmd == "info":
@@ -64,20 +58,30 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "generate":
             from tutorial_utils.data.synth import generate_dataset
 
-            root = generate_dataset(args.root, n_episodes=args.episodes, mean_length=args.length,
-                                    image_size=args.image_size, n_tasks=args.tasks, seed=args.seed,
-                                    overwrite=args.overwrite)
+            root = generate_dataset(
+                args.root,
+                n_episodes=args.episodes,
+                mean_length=args.length,
+                image_size=args.image_size,
+                n_tasks=args.tasks,
+                seed=args.seed,
+                overwrite=args.overwrite,
+            )
             print(json.dumps(LeRobotDataset(root).summary()))
         elif args.cmd == "stats":
             from tutorial_utils.data.stats import compute_all
 
             res = compute_all(args.root, run_dir=args.run_dir, write_pkl=args.write_pkl)
-            print(json.dumps({k: (str(v) if isinstance(v, Path) else v) for k, v in res.items()
-                              if k in ("cached", "seconds", "num_trajectories", "num_transitions", "files")}))
-    except DatasetError as exc:
+            print(
+                json.dumps(
+                    {
+                        k: (str(v) if isinstance(v, Path) else v)
+                        for k, v in res.items()
+                        if k in ("cached", "seconds", "num_trajectories", "num_transitions", "files")
+                    }
+                )
+            )
+    except TutorialError as exc:  # DatasetError, ModalityError...: the message names the file and the fix
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-

@@ -19,23 +19,19 @@ opening a dataset raises :class:`DatasetError`, which names the file, the key an
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import collections
 import json
 import os
 import re
-import shutil
-import sys
-import time
+import string
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from tutorial_utils.io import atomic_path, atomic_write_json, atomic_write_text
-from tutorial_utils.errors import DatasetError
 from tutorial_utils.data.video import (
     _INHERITED,
     VIDEO_CODEC_NAME,
@@ -45,7 +41,8 @@ from tutorial_utils.data.video import (
     encode_video,
     probe_video,
 )
-
+from tutorial_utils.errors import DatasetError
+from tutorial_utils.io import atomic_path, atomic_write_json, atomic_write_text
 
 # --------------------------------------------------------------------------------------
 # Constants: the format and the LIBERO schema live here and nowhere else.
@@ -72,8 +69,18 @@ DEFAULT_FEATURES: dict[str, dict] = {
 
 #: Keys ``meta/info.json`` must have for this reader (LeRobot 0.3.x needs the same ones).
 REQUIRED_INFO_KEYS = (
-    "codebase_version", "robot_type", "total_episodes", "total_frames", "total_tasks",
-    "total_videos", "total_chunks", "chunks_size", "fps", "splits", "data_path", "features",
+    "codebase_version",
+    "robot_type",
+    "total_episodes",
+    "total_frames",
+    "total_tasks",
+    "total_videos",
+    "total_chunks",
+    "chunks_size",
+    "fps",
+    "splits",
+    "data_path",
+    "features",
 )
 
 
@@ -82,36 +89,183 @@ REQUIRED_INFO_KEYS = (
 # --------------------------------------------------------------------------------------
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr`` of a value found in a file, cut to ``limit`` characters for an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _read_text(path: Path, fix: str) -> str:
+    """A metadata file as text; non-UTF-8 bytes or an unreadable file raise :class:`DatasetError`."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(path, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})", fix) from None
+    except OSError as exc:
+        raise DatasetError(path, None, f"cannot be read ({exc.strerror or exc})", fix) from None
+
+
+def _parse_json(text: str, path: Path, key: str | None, fix: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f" at line {exc.lineno}" if key is None else ""
+        raise DatasetError(path, key, f"not valid JSON ({exc.msg}{where})", fix) from None
+    except (ValueError, RecursionError) as exc:  # e.g. a 5,000-digit number, nesting too deep
+        raise DatasetError(path, key, f"not valid JSON ({type(exc).__name__}: {_short(str(exc))})", fix) from None
+
+
+def read_json_object(path: str | os.PathLike, fix: str) -> dict:
+    """A JSON metadata file that must hold one object (``stats.json``, ``modality.json``...).
+
+    Not UTF-8, not JSON or not an object: :class:`DatasetError` naming the file, with ``fix``."""
+    path = Path(path)
+    obj = _parse_json(_read_text(path, fix), path, None, fix)
+    if not isinstance(obj, dict):
+        raise DatasetError(path, None, f"expected a JSON object, found {type(obj).__name__}", fix)
+    return obj
+
+
 def read_info(root: str | os.PathLike) -> dict:
     """``meta/info.json`` of a dataset as a dict: the one reader every stage uses. A missing
     file, invalid JSON or UTF-8, or a non-object raises :class:`DatasetError` with the fix."""
     path = Path(root) / INFO_PATH
     if not path.is_file():
-        raise DatasetError(path, None, "meta/info.json is missing",
-                           "point at the dataset root (the folder holding meta/, data/ and videos/); "
-                           "for a download, fetch the whole repository (e.g. `huggingface-cli download "
-                           "--repo-type dataset REPO --local-dir DIR`)")
+        raise DatasetError(
+            path,
+            None,
+            "meta/info.json is missing",
+            "point at the dataset root (the folder holding meta/, data/ and videos/); "
+            "for a download, fetch the whole repository (e.g. `huggingface-cli download "
+            "--repo-type dataset REPO --local-dir DIR`)",
+        )
+    return read_json_object(path, "re-download meta/info.json")
+
+
+def _whole(value: Any, file: Path, key: str, fix: str, minimum: int = 0, maximum: int = 1 << 62) -> int:
+    """``value`` as an int: a JSON whole number (``20`` or ``20.0``, not ``"20"`` or ``true``) in
+    ``[minimum, maximum]``, else :class:`DatasetError` naming the file and the key."""
+    ok = (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+    if not ok:
+        raise DatasetError(file, key, f"must be a whole number, found {_short(value)}", fix)
+    v = int(value)
+    if not minimum <= v <= maximum:
+        raise DatasetError(file, key, f"must be between {minimum} and {maximum}, found {v}", fix)
+    return v
+
+
+#: dtypes of features that are not numbers in the parquet (videos live in mp4 files)
+NON_NUMERIC_DTYPES = ("video", "image", "string")
+
+
+def _numeric_dtype(name: str) -> np.dtype | None:
+    """The numpy dtype of a feature's ``dtype`` name when it names numbers (bool, ints, floats)."""
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DatasetError(path, None, f"not valid JSON ({exc.msg} at line {exc.lineno})",
-                           "re-download meta/info.json") from None
-    except UnicodeDecodeError as exc:
-        raise DatasetError(path, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})",
-                           "re-download meta/info.json") from None
-    if not isinstance(info, dict):
-        raise DatasetError(path, None, f"expected a JSON object, found {type(info).__name__}", "re-download meta/info.json")
-    return info
+        dt = np.dtype(name)
+    except (TypeError, ValueError, SyntaxError):
+        return None
+    return dt if dt.kind in "biuf" else None
+
+
+def check_features(info_path: Path, feats: Any, fix: str = "re-download meta/info.json") -> dict:
+    """Check the ``features`` object of ``meta/info.json``: every feature an object with a known
+    ``dtype`` and a ``shape`` of whole numbers ([H, W, C] for videos). Returns ``feats``."""
+    if not isinstance(feats, dict) or not feats:
+        raise DatasetError(info_path, "features", f"must be a non-empty object, found {_short(feats)}", fix)
+    for k, ft in feats.items():
+        where = f"features.{k}"
+        if not isinstance(ft, dict):
+            raise DatasetError(info_path, where, f"must be an object with dtype and shape, found {_short(ft)}", fix)
+        for sub in ("dtype", "shape"):
+            if sub not in ft:
+                raise DatasetError(info_path, f"{where}.{sub}", "required key is missing", fix)
+        dtype, shape = ft["dtype"], ft["shape"]
+        if not isinstance(dtype, str) or (dtype not in NON_NUMERIC_DTYPES and _numeric_dtype(dtype) is None):
+            raise DatasetError(
+                info_path,
+                f"{where}.dtype",
+                f"unknown dtype {_short(dtype)}",
+                f"use a numeric dtype (float32, int64, bool...) or one of {list(NON_NUMERIC_DTYPES)}",
+            )
+        if not isinstance(shape, list) or not shape:
+            raise DatasetError(info_path, f"{where}.shape", f"must be a list such as [7], found {_short(shape)}", fix)
+        for d in shape:
+            _whole(d, info_path, f"{where}.shape", fix, minimum=1, maximum=1 << 31)
+        if dtype in ("video", "image") and len(shape) != 3:
+            raise DatasetError(
+                info_path, f"{where}.shape", f"a {dtype} feature needs [height, width, channels], found {shape}", fix
+            )
+    return feats
+
+
+#: The fields each path template of ``meta/info.json`` may use.
+TEMPLATE_FIELDS = {
+    "data_path": ("episode_chunk", "episode_index"),
+    "video_path": ("episode_chunk", "episode_index", "video_key"),
+}
+_NUMBER_SPEC = re.compile(r"0?\d{0,2}d?")
+
+
+def check_path_template(info_path: Path, key: str, template: Any, video_keys: Sequence[str] = ()) -> str:
+    """Check ``data_path`` / ``video_path`` of ``meta/info.json``: a relative path inside the
+    dataset root (no ``..``, not absolute) using only the fields LeRobot fills in (number fields
+    with an optional width such as ``:06d``). Returns the template; raises :class:`DatasetError`."""
+    default = DATA_PATH if key == "data_path" else VIDEO_PATH
+    fix = f'use the LeRobot v2.1 template "{default}" (paths stay inside the dataset folder)'
+    if not isinstance(template, str) or not template.strip():
+        raise DatasetError(info_path, key, f"must be a path template string, found {_short(template)}", fix)
+    if "\x00" in template:
+        raise DatasetError(info_path, key, "the template holds a NUL character", fix)
+    allowed = TEMPLATE_FIELDS[key]
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise DatasetError(info_path, key, f"not a valid path template ({exc})", fix) from None
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if name not in allowed:
+            raise DatasetError(
+                info_path,
+                key,
+                f"unknown field {{{name}}} in {_short(template)} (allowed: {', '.join('{' + a + '}' for a in allowed)})",
+                fix,
+            )
+        number = name != "video_key"
+        if conversion is not None or (spec and not (number and _NUMBER_SPEC.fullmatch(spec))):
+            raise DatasetError(
+                info_path,
+                key,
+                f"field {{{name}}} has an unsupported format {_short(spec or '!' + str(conversion))} "
+                "(only a width such as :06d is allowed)",
+                fix,
+            )
+    # the template with a plain camera name first (its own fault), then each video feature's name
+    samples = [("camera", False)] + ([(vk, True) for vk in video_keys] if key == "video_path" else [])
+    for vk, blame_feature in samples:
+        rel = template.format(episode_chunk=0, episode_index=0, video_key=vk)
+        where, how = (
+            (f"{key} / features.{vk}", "rename the video feature (a plain name such as observation.images.image)")
+            if blame_feature
+            else (key, fix)
+        )
+        if rel.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:", rel) or os.path.isabs(rel):
+            raise DatasetError(info_path, where, f"the path {_short(rel)} is an absolute path", how)
+        if ".." in rel.replace("\\", "/").split("/") or not rel.strip("/\\."):
+            raise DatasetError(info_path, where, f"the path {_short(rel)} leaves the dataset folder", how)
+    return template
 
 
 def _norm_features(features: dict) -> dict:
     """Features with lists for shapes (JSON round trip) and the default columns added."""
+    if not isinstance(features, dict):
+        raise ValueError(f"features must be a dict of feature name -> {{dtype, shape}}, got {_short(features)}")
     out = json.loads(json.dumps(features))
     for key, ft in DEFAULT_FEATURES.items():
         out.setdefault(key, json.loads(json.dumps(ft)))
     for key, ft in out.items():
-        if "dtype" not in ft or "shape" not in ft:
-            raise ValueError(f"feature {key!r} needs 'dtype' and 'shape' (got {sorted(ft)})")
+        if not isinstance(ft, dict) or "dtype" not in ft or "shape" not in ft:
+            raise ValueError(f"feature {key!r} needs 'dtype' and 'shape' (got {_short(ft)})")
         ft["shape"] = [int(x) for x in ft["shape"]]
         ft.setdefault("names", None)
     return out
@@ -131,18 +285,26 @@ def _jsonl(rows: Sequence[dict]) -> str:
 
 
 def _read_jsonl_strict(path: Path, what: str) -> list[dict]:
+    """The rows of a ``.jsonl`` metadata file, each a JSON object; any problem (missing, not
+    UTF-8, a line that is not JSON or not an object) raises :class:`DatasetError`."""
+    fix = "re-download the file or re-run the writer's finalize()"
     if not path.is_file():
-        raise DatasetError(path, None, f"{what} is missing",
-                           "copy the whole meta/ folder of the dataset, or re-run the writer's finalize()")
+        raise DatasetError(
+            path,
+            None,
+            f"{what} is missing",
+            "copy the whole meta/ folder of the dataset, or re-run the writer's finalize()",
+        )
     rows = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+    # split on "\n" only: str.splitlines() also splits on U+2028 and friends, which JSON strings
+    # written with ensure_ascii=False may hold
+    for i, line in enumerate(_read_text(path, fix).split("\n")):
         if not line.strip():
             continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise DatasetError(path, f"line {i + 1}", f"not valid JSON ({exc.msg})",
-                               "re-download the file or re-run finalize()") from None
+        row = _parse_json(line, path, f"line {i + 1}", fix)
+        if not isinstance(row, dict):
+            raise DatasetError(path, f"line {i + 1}", f"expected a JSON object, found {_short(row)}", fix)
+        rows.append(row)
     return rows
 
 
@@ -156,8 +318,13 @@ def _feature_stats(x: np.ndarray) -> dict:
     if x.ndim == 1:
         x = x[:, None]
     x64 = x.astype(np.float64)
-    return {"min": x64.min(0).tolist(), "max": x64.max(0).tolist(), "mean": x64.mean(0).tolist(),
-            "std": x64.std(0).tolist(), "count": [int(x.shape[0])]}
+    return {
+        "min": x64.min(0).tolist(),
+        "max": x64.max(0).tolist(),
+        "mean": x64.mean(0).tolist(),
+        "std": x64.std(0).tolist(),
+        "count": [int(x.shape[0])],
+    }
 
 
 def _image_stats(frames: np.ndarray, max_samples: int = 100, max_side: int = 64) -> dict:
@@ -175,8 +342,14 @@ def _image_stats(frames: np.ndarray, max_samples: int = 100, max_side: int = 64)
 
     def c11(v):
         return [[[float(a) / 255.0]] for a in v]
-    return {"min": c11(ch.min(axis=1)), "max": c11(ch.max(axis=1)), "mean": c11(mean),
-            "std": c11(std), "count": [int(len(idx))]}
+
+    return {
+        "min": c11(ch.min(axis=1)),
+        "max": c11(ch.max(axis=1)),
+        "mean": c11(mean),
+        "std": c11(std),
+        "count": [int(len(idx))],
+    }
 
 
 def aggregate_stats(per_episode: Sequence[dict]) -> dict:
@@ -190,14 +363,15 @@ def aggregate_stats(per_episode: Sequence[dict]) -> dict:
         stds = np.stack([np.asarray(it["std"], dtype=np.float64) for it in items])
         w = (counts / counts.sum()).reshape((-1,) + (1,) * (means.ndim - 1))
         mean = (w * means).sum(0)
-        var = (w * (stds ** 2 + (means - mean) ** 2)).sum(0)
+        var = (w * (stds**2 + (means - mean) ** 2)).sum(0)
         out[key] = {
             "min": np.min(np.stack([np.asarray(it["min"]) for it in items]), 0).tolist(),
             "max": np.max(np.stack([np.asarray(it["max"]) for it in items]), 0).tolist(),
-            "mean": mean.tolist(), "std": np.sqrt(var).tolist(), "count": [int(counts.sum())],
+            "mean": mean.tolist(),
+            "std": np.sqrt(var).tolist(),
+            "count": [int(counts.sum())],
         }
     return out
-
 
 
 # --------------------------------------------------------------------------------------
@@ -209,18 +383,30 @@ class LeRobotWriter:
     """Append episodes one at a time to a LeRobot v2.1 dataset; resume an interrupted one.
 
     ``LeRobotWriter(root, features, fps)`` creates ``root`` or continues the dataset already
-    there: episodes listed in ``meta/episodes.jsonl`` are kept, files of a half-written
-    episode are removed. A folder holding another dataset (other features, fps or robot) is
-    refused. Single process: send episodes from workers to one writer.
+    there: episodes listed in ``meta/episodes.jsonl`` are kept, files of the half-written
+    episode after them are removed. A folder holding another dataset (other features, fps or
+    robot) is refused, and so is a commit log that is missing, unreadable or disagrees with the
+    files on disk: then nothing is deleted and the error says how to recover. Single process:
+    send episodes from workers to one writer.
 
     Per episode, the videos and the parquet are written first (each atomically), then the
     meta files; ``meta/episodes.jsonl`` is the commit point. ``finalize()`` rewrites every
     meta file with the final totals and may be called any number of times.
     """
 
-    def __init__(self, root: str | os.PathLike, features: dict, fps: int, robot_type: str | None = None,
-                 *, chunks_size: int = CHUNKS_SIZE, crf: int = 23, preset: str = "veryfast",
-                 gop: int | None = None, image_stats_samples: int = 100):
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        features: dict,
+        fps: int,
+        robot_type: str | None = None,
+        *,
+        chunks_size: int = CHUNKS_SIZE,
+        crf: int = 23,
+        preset: str = "veryfast",
+        gop: int | None = None,
+        image_stats_samples: int = 100,
+    ):
         self.root = Path(root)
         self.fps = int(fps)
         if self.fps <= 0:
@@ -237,9 +423,14 @@ class LeRobotWriter:
                 raise ValueError(f"video feature {key!r} must have shape (H, W, 3), got {shape}")
             h, w, _ = shape
             self.features[key]["info"] = {
-                "video.height": h, "video.width": w, "video.codec": VIDEO_CODEC_NAME,
-                "video.pix_fmt": VIDEO_PIX_FMT, "video.is_depth_map": False, "video.fps": self.fps,
-                "video.channels": 3, "has_audio": False,
+                "video.height": h,
+                "video.width": w,
+                "video.codec": VIDEO_CODEC_NAME,
+                "video.pix_fmt": VIDEO_PIX_FMT,
+                "video.is_depth_map": False,
+                "video.fps": self.fps,
+                "video.channels": 3,
+                "has_audio": False,
             }
         self._data_keys = [k for k in self.features if k not in DEFAULT_FEATURES and k not in self.video_keys]
         self._episodes: list[dict] = []
@@ -248,7 +439,11 @@ class LeRobotWriter:
         self._tasks: dict[str, int] = {}
         self._total_frames = 0
         self._lock_fd = self._take_lock()
-        self._open_or_resume()
+        try:
+            self._open_or_resume()
+        except BaseException:  # refused: release the lock now, not when the object is collected
+            self.close()
+            raise
 
     def _take_lock(self) -> int:
         """One writer per dataset: a second one (another job resuming the same folder) fails
@@ -264,8 +459,12 @@ class LeRobotWriter:
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
-            raise DatasetError(self.root, None, f"another writer (pid {holder}) is writing this dataset",
-                               "wait for that job to finish (or stop it) and run again: it resumes") from None
+            raise DatasetError(
+                self.root,
+                None,
+                f"another writer (pid {holder}) is writing this dataset",
+                "wait for that job to finish (or stop it) and run again: it resumes",
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         return fd
@@ -283,105 +482,232 @@ class LeRobotWriter:
     def _open_or_resume(self) -> None:
         info_path = self.root / INFO_PATH
         if info_path.is_file():
+            fix = (
+                f"the writer changed nothing in {self.root}: write to a new folder, or move this one aside "
+                f"(`mv {self.root} {self.root}.old`) if you want to keep it, or delete it if it is disposable"
+            )
             try:
-                info = json.loads(info_path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as exc:
-                raise DatasetError(info_path, None, f"not valid JSON ({exc.msg})",
-                                   "point the writer at an empty folder, or delete this one") from None
+                info = read_info(self.root)
+                feats = check_features(info_path, info.get("features"), fix)
+            except DatasetError as exc:
+                raise DatasetError(exc.file, exc.key, exc.problem, fix) from None
             mismatch = []
             if info.get("codebase_version") != CODEBASE_VERSION:
-                mismatch.append(f"codebase_version {info.get('codebase_version')!r} != {CODEBASE_VERSION!r}")
-            if int(info.get("fps", -1)) != self.fps:
-                mismatch.append(f"fps {info.get('fps')} != {self.fps}")
+                mismatch.append(f"codebase_version {_short(info.get('codebase_version'))} != {CODEBASE_VERSION!r}")
+            fps = info.get("fps")
+            if isinstance(fps, bool) or not isinstance(fps, (int, float)) or fps != self.fps:
+                mismatch.append(f"fps {_short(fps)} != {self.fps}")
             if self.robot_type is None:  # not given: keep the dataset's own
                 self.robot_type = info.get("robot_type")
             elif info.get("robot_type") != self.robot_type:
-                mismatch.append(f"robot_type {info.get('robot_type')!r} != {self.robot_type!r}")
-            theirs = _schema_view(_norm_features(info.get("features", {})))
+                mismatch.append(f"robot_type {_short(info.get('robot_type'))} != {self.robot_type!r}")
+            theirs = _schema_view(_norm_features(feats))
             ours = _schema_view(self.features)
             if theirs != ours:
                 diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
                 mismatch.append(f"features differ at {diff}")
+            for key, ours_t in (("data_path", DATA_PATH), ("video_path", VIDEO_PATH if self.video_keys else None)):
+                if info.get(key) != ours_t:  # the writer writes (and deletes) only at its own paths
+                    mismatch.append(f"{key} {_short(info.get(key))} != {ours_t!r}")
             if mismatch:
-                raise DatasetError(info_path, None, "this folder holds a different dataset: " + "; ".join(mismatch),
-                                   "write to a new folder, or delete this one if it is disposable")
-            if int(info.get("chunks_size", self.chunks_size)) != self.chunks_size:
-                self.chunks_size = int(info["chunks_size"])
-            self._resume()
+                raise DatasetError(
+                    info_path,
+                    None,
+                    "this folder holds a different dataset: " + "; ".join(mismatch),
+                    "write to a new folder, or delete this one if it is disposable",
+                )
+            self.chunks_size = _whole(info.get("chunks_size", self.chunks_size), info_path, "chunks_size", fix, 1)
+            self._resume(info, fix)
         else:
-            if self.root.exists() and any(p.name not in {"meta", "data", "videos"} or any(p.rglob("*"))
-                                          for p in self.root.iterdir()):
-                raise DatasetError(self.root, INFO_PATH, "the folder is not empty and has no meta/info.json",
-                                   "write to a new or empty folder (the writer never mixes its files with others)")
+            if self.root.exists() and any(
+                p.name not in {"meta", "data", "videos"} or any(p.rglob("*")) for p in self.root.iterdir()
+            ):
+                raise DatasetError(
+                    self.root,
+                    INFO_PATH,
+                    "the folder is not empty and has no meta/info.json",
+                    "write to a new or empty folder (the writer never mixes its files with others)",
+                )
             self.root.mkdir(parents=True, exist_ok=True)
             self._write_info()
 
-    def _resume(self) -> None:
+    _EPISODE_FILE = re.compile(r"episode_(\d+)\.(parquet|mp4)$")
+
+    def _episode_files_on_disk(self) -> tuple[dict[int, list[Path]], list[Path]]:
+        """Episode files under data/ and videos/ by episode index, and temporary files (names
+        starting with "." are the temporary files of interrupted atomic writes)."""
+        found: dict[int, list[Path]] = {}
+        temps: list[Path] = []
+        for sub in ("data", "videos"):
+            base = self.root / sub
+            for p in sorted(base.rglob("*")) if base.is_dir() else []:
+                if not p.is_file():
+                    continue
+                if p.name.startswith("."):
+                    temps.append(p)
+                    continue
+                m = self._EPISODE_FILE.search(p.name)
+                if m:
+                    found.setdefault(int(m.group(1)), []).append(p)
+        temps += [p for p in (self.root / "meta").glob(".*") if p.is_file()]
+        return found, temps
+
+    def _resume(self, info: dict, fix: str) -> None:
+        """Continue the dataset on disk. ``meta/episodes.jsonl`` is the commit log: the episodes
+        it lists are kept, and the files of the one episode after them (interrupted while being
+        written) are removed. A commit log that is missing, unreadable or disagrees with the
+        files on disk is refused with a :class:`DatasetError`, and nothing is deleted."""
+        import pyarrow.parquet as pq
+
         ep_path = self.root / EPISODES_PATH
-        episodes = _read_jsonl_strict(ep_path, "episodes.jsonl") if ep_path.is_file() else []
-        committed = []
-        for i, ep in enumerate(episodes):
-            if ep.get("episode_index") != i:
-                break
-            committed.append(ep)
-        # An episode only counts when its parquet and videos are all there.
-        while committed and not self._episode_files_present(len(committed) - 1):
-            committed.pop()
-        self._episodes = committed
+        info_path = self.root / INFO_PATH
+        found, temps = self._episode_files_on_disk()
+        n_files = sum(len(v) for v in found.values())
+
+        def refuse(file, key, problem: str, restore: str | None = None):
+            on_disk = (
+                f"{n_files} episode files on disk (episodes {min(found)}..{max(found)}, e.g. "
+                f"{found[min(found)][0].relative_to(self.root).as_posix()})"
+                if found
+                else "no episode files on disk"
+            )
+            restore = restore or f"restore {Path(file).relative_to(self.root).as_posix()} from a copy"
+            raise DatasetError(
+                file,
+                key,
+                f"{problem}; the writer cannot tell which episodes are complete, so it refuses to resume "
+                f"and deleted nothing ({on_disk})",
+                f"{restore} if you have one; otherwise move the folder aside (`mv {self.root} {self.root}.broken`) "
+                "and record into a new one (`python -m tutorial_utils dataset validate` tells what the old "
+                "folder still holds), or delete it if it is disposable",
+            )
+
+        try:
+            total = _whole(info.get("total_episodes", 0), info_path, "total_episodes", fix)
+        except DatasetError as exc:
+            refuse(exc.file, exc.key, exc.problem)
+        if not ep_path.is_file():
+            if total != 0 or any(ep != 0 for ep in found):
+                refuse(
+                    ep_path,
+                    None,
+                    f"{EPISODES_PATH} (the commit log) is missing but meta/info.json says total_episodes {total}",
+                )
+            committed: list[dict] = []
+        else:
+            try:
+                committed = _read_jsonl_strict(ep_path, EPISODES_PATH)
+            except DatasetError as exc:
+                refuse(exc.file, exc.key, exc.problem)
+            for i, row in enumerate(committed):
+                ei = row.get("episode_index")
+                if isinstance(ei, bool) or not isinstance(ei, int) or ei != i:
+                    refuse(
+                        ep_path, f"line {i + 1}: episode_index", f"expected the whole number {i}, found {_short(ei)}"
+                    )
+                try:
+                    _whole(row.get("length"), ep_path, f"line {i + 1}: length", fix, minimum=1)
+                except DatasetError as exc:
+                    refuse(exc.file, exc.key, exc.problem)
+                tasks = row.get("tasks", [])
+                if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+                    refuse(ep_path, f"line {i + 1}: tasks", f"must be a list of task strings, found {_short(tasks)}")
         n = len(committed)
+        if total not in (n, n - 1):  # info.json is written right after the commit, so it may lag by one
+            refuse(
+                info_path,
+                "total_episodes",
+                f"says {total} but {EPISODES_PATH} lists {n} episodes",
+                f"restore {EPISODES_PATH} from a copy",
+            )
+        # every committed episode has all its files, with as many rows as the log says
+        expected = {}
+        for ep in range(n):
+            for p in self._episode_paths(ep):
+                expected[p] = ep
+                if not p.is_file() or p.stat().st_size == 0:
+                    refuse(p, f"episode {ep}", f"{EPISODES_PATH} lists episode {ep} but this file is missing or empty")
+            data = self.root / self._data_path(ep)
+            try:
+                n_rows = pq.read_metadata(data).num_rows
+            except Exception as exc:  # any unreadable parquet is refused the same way
+                refuse(data, f"episode {ep}", f"not a readable parquet file ({type(exc).__name__})")
+            if n_rows != int(committed[ep]["length"]):
+                refuse(
+                    data,
+                    "length",
+                    f"{EPISODES_PATH} says episode {ep} has {committed[ep]['length']} frames, the parquet has {n_rows} rows",
+                )
+        # the only other episode files allowed are those of episode n, interrupted while being written
+        in_flight = set(self._episode_paths(n))
+        strays = [p for ps in found.values() for p in ps if p not in expected and p not in in_flight]
+        if strays:
+            refuse(
+                strays[0],
+                None,
+                f"{len(strays)} episode file(s) that {EPISODES_PATH} ({n} episodes) does not account for, "
+                f"e.g. {strays[0].relative_to(self.root).as_posix()}",
+                f"restore {EPISODES_PATH} (which lists every committed episode) from a copy",
+            )
         tasks_path = self.root / TASKS_PATH
         if tasks_path.is_file():
-            for row in _read_jsonl_strict(tasks_path, "tasks.jsonl"):
-                self._tasks[row["task"]] = int(row["task_index"])
+            try:
+                rows = _read_jsonl_strict(tasks_path, TASKS_PATH)
+            except DatasetError as exc:
+                refuse(exc.file, exc.key, exc.problem)
+            for i, row in enumerate(rows):
+                ti, task = row.get("task_index"), row.get("task")
+                if isinstance(ti, bool) or not isinstance(ti, int) or ti < 0 or not isinstance(task, str):
+                    refuse(tasks_path, f"line {i + 1}", f"expected {{task_index, task}}, found {_short(row)}")
+                self._tasks[task] = ti
         for ep in committed:
             for task in ep.get("tasks", []):
                 self._tasks.setdefault(task, len(self._tasks))
-        stats_path = self.root / EPISODES_STATS_PATH
-        by_ep = {}
-        if stats_path.is_file():
-            by_ep = {int(r["episode_index"]): r["stats"] for r in _read_jsonl_strict(stats_path, "episodes_stats.jsonl")}
+        by_ep = self._read_episode_stats(n)  # derived data: what is missing or unreadable is recomputed
         self._episode_stats = []
         for i in range(n):
             if i not in by_ep:
                 by_ep[i] = self._recompute_episode_stats(i)
             self._episode_stats.append(by_ep[i])
+        self._episodes = committed
         self._total_frames = sum(int(e["length"]) for e in committed)
-        self._remove_uncommitted(n)
+        # everything checked: remove the interrupted episode's files and temporary files only
+        for p in sorted(in_flight) + temps:
+            p.unlink(missing_ok=True)
         atomic_write_text(self.root / EPISODES_PATH, _jsonl(self._episodes))
         self._write_info()
 
-    def _episode_files_present(self, ep: int) -> bool:
-        paths = [self.root / self._data_path(ep)] + [self.root / self._video_path(ep, k) for k in self.video_keys]
-        return all(p.is_file() and p.stat().st_size > 0 for p in paths)
+    def _read_episode_stats(self, n: int) -> dict[int, dict]:
+        path = self.root / EPISODES_STATS_PATH
+        if not path.is_file():
+            return {}
+        try:
+            rows = _read_jsonl_strict(path, EPISODES_STATS_PATH)
+        except DatasetError:
+            return {}
+        by_ep = {}
+        for r in rows:
+            ei, stats = r.get("episode_index"), r.get("stats")
+            if isinstance(ei, int) and not isinstance(ei, bool) and 0 <= ei < n and isinstance(stats, dict):
+                by_ep[ei] = stats
+        return by_ep
 
-    def _remove_uncommitted(self, n: int) -> None:
-        pat = re.compile(r"episode_(\d{6})\.(parquet|mp4)$")
-        for sub in ("data", "videos"):
-            base = self.root / sub
-            if not base.exists():
-                continue
-            for p in list(base.rglob("*")):
-                if not p.is_file():
-                    continue
-                if p.name.startswith("."):  # temporary file of an interrupted atomic write
-                    p.unlink(missing_ok=True)
-                    continue
-                m = pat.search(p.name)
-                if m and int(m.group(1)) >= n:
-                    p.unlink(missing_ok=True)
-        for p in (self.root / "meta").glob(".*"):
-            if p.is_file():
-                p.unlink(missing_ok=True)
+    def _episode_paths(self, ep: int) -> list[Path]:
+        return [self.root / self._data_path(ep)] + [self.root / self._video_path(ep, k) for k in self.video_keys]
 
     def _recompute_episode_stats(self, ep: int) -> dict:
         import pyarrow.parquet as pq
 
         table = pq.read_table(self.root / self._data_path(ep))
-        stats = {k: _feature_stats(_column_to_numpy(table, k, self.features[k], self.root / self._data_path(ep)))
-                 for k in table.column_names if k in self.features}
+        stats = {
+            k: _feature_stats(_column_to_numpy(table, k, self.features[k], self.root / self._data_path(ep)))
+            for k in table.column_names
+            if k in self.features
+        }
         for key in self.video_keys:
-            stats[key] = _image_stats(decode_all_frames(self.root / self._video_path(ep, key)),
-                                      self.image_stats_samples)
+            stats[key] = _image_stats(
+                decode_all_frames_checked(self.root / self._video_path(ep, key)), self.image_stats_samples
+            )
         return stats
 
     # -- paths -------------------------------------------------------------------------
@@ -405,8 +731,10 @@ class LeRobotWriter:
         missing = sorted(expected - set(frames))
         extra = sorted(set(frames) - expected - set(DEFAULT_FEATURES))
         if missing or extra:
-            raise ValueError(f"add_episode: frames must have exactly the keys {sorted(expected)}; "
-                             f"missing {missing}, unexpected {extra}")
+            raise ValueError(
+                f"add_episode: frames must have exactly the keys {sorted(expected)}; "
+                f"missing {missing}, unexpected {extra}"
+            )
         lengths = {k: len(frames[k]) for k in expected}
         if len(set(lengths.values())) != 1:
             raise ValueError(f"add_episode: every array needs the same number of frames, got {lengths}")
@@ -512,7 +840,7 @@ class LeRobotWriter:
         lines = self._episode_stats_lines
         for i in range(len(lines), len(self._episode_stats)):  # serialise each episode once
             lines.append(json.dumps({"episode_index": i, "stats": self._episode_stats[i]}) + "\n")
-        del lines[len(self._episode_stats):]
+        del lines[len(self._episode_stats) :]
         atomic_write_text(self.root / EPISODES_STATS_PATH, "".join(lines))
 
     def _info(self) -> dict:
@@ -546,7 +874,7 @@ class LeRobotWriter:
         self._write_info()
         return self.root
 
-    def __enter__(self) -> "LeRobotWriter":
+    def __enter__(self) -> LeRobotWriter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -562,30 +890,119 @@ class LeRobotWriter:
 # --------------------------------------------------------------------------------------
 
 
+def _value_type(typ):
+    """The element type of a (fixed-size / large) list Arrow type, else the type itself."""
+    import pyarrow as pa
+
+    while pa.types.is_list(typ) or pa.types.is_large_list(typ) or pa.types.is_fixed_size_list(typ):
+        typ = typ.value_type
+    return typ
+
+
+def check_column_type(path: Path, key: str, typ, ft: dict) -> None:
+    """A parquet column of a numeric feature must hold numbers (or lists of numbers): a column of
+    strings raises :class:`DatasetError` naming the file and the column."""
+    import pyarrow as pa
+
+    if ft.get("dtype") in NON_NUMERIC_DTYPES:
+        return
+    value = _value_type(typ)
+    if not (pa.types.is_integer(value) or pa.types.is_floating(value) or pa.types.is_boolean(value)):
+        raise DatasetError(
+            path,
+            key,
+            f"the column holds {typ}, but meta/info.json says dtype {ft.get('dtype')} (numbers)",
+            "re-write the episode with numeric values (the dataset's writer does), or re-download it",
+        )
+
+
+NON_FINITE_FIX = (
+    "re-record or drop this episode (NaN/inf would poison the statistics and the training loss); "
+    "check the recorder or the conversion that wrote it"
+)
+
+
+def check_finite(path: Path, key: str, values: np.ndarray, frames: np.ndarray | None = None) -> None:
+    """NaN or inf in a numeric column raises :class:`DatasetError` naming the file, the column and
+    the first bad frame (``frames``: the frame index of each row, default the row number)."""
+    a = np.asarray(values)
+    if a.dtype.kind not in "fc" or a.size == 0:
+        return
+    flat = a.reshape(len(a), -1)
+    bad = ~np.isfinite(flat)
+    if not bad.any():
+        return
+    row = int(np.flatnonzero(bad.any(axis=1))[0])
+    dim = int(np.flatnonzero(bad[row])[0])
+    frame = row if frames is None else np.asarray(frames).reshape(-1)[row]
+    frame = int(frame) if np.isfinite(frame) else row  # a frame_index column may itself be broken
+    raise DatasetError(
+        path,
+        key,
+        f"{int(bad.sum())} non-finite value(s); the first is {flat[row, dim]} at frame {frame} (dim {dim})",
+        NON_FINITE_FIX,
+    )
+
+
+STAT_FIELDS = ("min", "max", "mean", "std")
+
+
+def read_stats_json(path: Path) -> dict:
+    """``meta/stats.json``: an object of features, each with min/max/mean/std as numbers or
+    nested lists of numbers. Anything else raises :class:`DatasetError`."""
+    fix = "delete meta/stats.json and re-run LeRobotWriter.finalize() (it is recomputed), or re-download it"
+    stats = read_json_object(path, fix)
+    for key, entry in stats.items():
+        if not isinstance(entry, dict):
+            raise DatasetError(path, key, f"expected an object of statistics, found {_short(entry)}", fix)
+        for k in STAT_FIELDS:
+            if k not in entry:
+                continue
+            try:
+                arr = np.asarray(entry[k], dtype=np.float64)
+            except (TypeError, ValueError, OverflowError):
+                arr = None
+            if arr is None or arr.size == 0:
+                raise DatasetError(path, f"{key}.{k}", f"expected numbers, found {_short(entry[k])}", fix)
+    return stats
+
+
 def _column_to_numpy(table, key: str, ft: dict, path: Path) -> np.ndarray:
     """A parquet column as (T, *shape) numpy; DatasetError if missing or the wrong shape."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if key not in table.column_names:
-        raise DatasetError(path, key, f"column is missing (columns: {table.column_names})",
-                           "re-write the episode with every feature of meta/info.json, or remove the "
-                           "feature from info.json if the dataset never had it")
+        raise DatasetError(
+            path,
+            key,
+            f"column is missing (columns: {table.column_names})",
+            "re-write the episode with every feature of meta/info.json, or remove the "
+            "feature from info.json if the dataset never had it",
+        )
     col = table.column(key).combine_chunks()
+    check_column_type(path, key, col.type, ft)
     shape = list(ft["shape"])
     t = len(col)
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
         lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
         d = int(np.prod(shape))
         if t and (lengths.min() != d or lengths.max() != d):
-            raise DatasetError(path, key, f"rows hold {int(lengths.min())}..{int(lengths.max())} values, "
-                               f"meta/info.json says shape {shape}",
-                               "fix the feature's shape in meta/info.json or re-write the episode")
+            raise DatasetError(
+                path,
+                key,
+                f"rows hold {int(lengths.min())}..{int(lengths.max())} values, meta/info.json says shape {shape}",
+                "fix the feature's shape in meta/info.json or re-write the episode",
+            )
         arr = col.flatten().to_numpy(zero_copy_only=False).reshape(t, *shape)
     else:
         if shape != [1]:
-            raise DatasetError(path, key, f"column holds scalars but meta/info.json says shape {shape}",
-                               "fix the feature's shape in meta/info.json or re-write the episode")
+            raise DatasetError(
+                path,
+                key,
+                f"column holds scalars but meta/info.json says shape {shape}",
+                "fix the feature's shape in meta/info.json or re-write the episode",
+            )
         arr = col.to_numpy(zero_copy_only=False)
     return arr
 
@@ -638,75 +1055,126 @@ class LeRobotDataset:
     # -- meta --------------------------------------------------------------------------
     def _load_meta(self) -> None:
         info_path = self.root / INFO_PATH
+        fix = "re-download meta/info.json"
         info = read_info(self.root)
         for key in REQUIRED_INFO_KEYS:
             if key not in info:
-                raise DatasetError(info_path, key, "required key is missing",
-                                   f"add \"{key}\" (see FACTS.md section 3 / LeRobot v2.1), or re-download the dataset")
+                raise DatasetError(
+                    info_path,
+                    key,
+                    "required key is missing",
+                    f'add "{key}" (see FACTS.md section 3 / LeRobot v2.1), or re-download the dataset',
+                )
         version = info["codebase_version"]
         if version != CODEBASE_VERSION:
-            hint = ("LeRobot >= 0.4 wrote this v3.0 dataset; download the v2.1 revision "
-                    "(`--revision v2.1`) or convert it with LeRobot 0.3.x" if str(version).startswith("v3")
-                    else "convert it to v2.1 with LeRobot 0.3.x (`python -m lerobot.datasets.v21.convert_dataset_v20_to_v21`)")
+            hint = (
+                "LeRobot >= 0.4 wrote this v3.0 dataset; download the v2.1 revision "
+                "(`--revision v2.1`) or convert it with LeRobot 0.3.x"
+                if str(version).startswith("v3")
+                else "convert it to v2.1 with LeRobot 0.3.x (`python -m lerobot.datasets.v21.convert_dataset_v20_to_v21`)"
+            )
         else:
             hint = ""
         if hint:
-            raise DatasetError(info_path, "codebase_version", f"unsupported version {version!r}, this reader "
-                               f"reads {CODEBASE_VERSION!r}", hint)
+            raise DatasetError(
+                info_path,
+                "codebase_version",
+                f"unsupported version {_short(version)}, this reader reads {CODEBASE_VERSION!r}",
+                hint,
+            )
         self.info = info
-        self.fps = int(info["fps"])
+        self.fps = _whole(info["fps"], info_path, "fps", 'set "fps" to the frame rate, e.g. 20', minimum=1)
         self.robot_type = info["robot_type"]
-        self.chunks_size = int(info["chunks_size"])
-        feats = info["features"]
-        if not isinstance(feats, dict) or not feats:
-            raise DatasetError(info_path, "features", "must be a non-empty object", "re-download meta/info.json")
-        for k, ft in feats.items():
-            for sub in ("dtype", "shape"):
-                if sub not in ft:
-                    raise DatasetError(info_path, f"features.{k}.{sub}", "required key is missing",
-                                       "re-download meta/info.json")
+        self.chunks_size = _whole(
+            info["chunks_size"], info_path, "chunks_size", f'set "chunks_size": {CHUNKS_SIZE} (episodes per chunk)', 1
+        )
+        total_episodes = _whole(info["total_episodes"], info_path, "total_episodes", fix)
+        total_frames = _whole(info["total_frames"], info_path, "total_frames", fix)
+        feats = check_features(info_path, info["features"])
         for k in DEFAULT_FEATURES:
             if k not in feats:
-                raise DatasetError(info_path, f"features.{k}", "default LeRobot column is missing",
-                                   "add it (dtype int64/float32, shape [1]) or re-download the dataset")
+                raise DatasetError(
+                    info_path,
+                    f"features.{k}",
+                    "default LeRobot column is missing",
+                    "add it (dtype int64/float32, shape [1]) or re-download the dataset",
+                )
         self.features = _norm_features(feats)
         self.video_keys = video_keys_of(self.features)
-        if self.video_keys and not info.get("video_path"):
-            raise DatasetError(info_path, "video_path", "the dataset has video features but no video_path",
-                               f"set \"video_path\": \"{VIDEO_PATH}\"")
+        check_path_template(info_path, "data_path", info["data_path"])
+        if self.video_keys:
+            if not info.get("video_path"):
+                raise DatasetError(
+                    info_path,
+                    "video_path",
+                    "the dataset has video features but no video_path",
+                    f'set "video_path": "{VIDEO_PATH}"',
+                )
+            check_path_template(info_path, "video_path", info["video_path"], self.video_keys)
         self.data_keys = [k for k in self.features if self.features[k]["dtype"] not in ("video", "image")]
 
-        episodes = _read_jsonl_strict(self.root / EPISODES_PATH, "meta/episodes.jsonl")
+        ep_path = self.root / EPISODES_PATH
+        ep_fix = "re-download meta/episodes.jsonl or re-run the writer's finalize()"
+        episodes = _read_jsonl_strict(ep_path, "meta/episodes.jsonl")
+        lengths = np.zeros(len(episodes), dtype=np.int64)
         for i, ep in enumerate(episodes):
             for key in ("episode_index", "length"):
                 if key not in ep:
-                    raise DatasetError(self.root / EPISODES_PATH, f"line {i + 1}: {key}", "required key is missing",
-                                       "re-download meta/episodes.jsonl or re-run the writer's finalize()")
-            if int(ep["episode_index"]) != i:
-                raise DatasetError(self.root / EPISODES_PATH, f"line {i + 1}: episode_index",
-                                   f"expected {i}, found {ep['episode_index']} (episodes must be 0..N-1 in order)",
-                                   "re-download meta/episodes.jsonl or re-run the writer's finalize()")
-        if len(episodes) != int(info["total_episodes"]):
-            raise DatasetError(info_path, "total_episodes", f"says {info['total_episodes']} but "
-                               f"meta/episodes.jsonl lists {len(episodes)}",
-                               "finish the recording and call LeRobotWriter.finalize() (or re-download)")
-        lengths = np.array([int(e["length"]) for e in episodes], dtype=np.int64)
-        if int(lengths.sum()) != int(info["total_frames"]):
-            raise DatasetError(info_path, "total_frames", f"says {info['total_frames']} but the episode "
-                               f"lengths in meta/episodes.jsonl add up to {int(lengths.sum())}",
-                               "call LeRobotWriter.finalize() again (or re-download)")
+                    raise DatasetError(ep_path, f"line {i + 1}: {key}", "required key is missing", ep_fix)
+            ei = ep["episode_index"]
+            if isinstance(ei, bool) or not isinstance(ei, int) or ei != i:
+                raise DatasetError(
+                    ep_path,
+                    f"line {i + 1}: episode_index",
+                    f"expected {i}, found {_short(ei)} (episodes must be the whole numbers 0..N-1 in order)",
+                    ep_fix,
+                )
+            lengths[i] = _whole(ep["length"], ep_path, f"line {i + 1}: length", ep_fix, minimum=1, maximum=1 << 40)
+            tasks = ep.get("tasks", [])
+            if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+                raise DatasetError(
+                    ep_path, f"line {i + 1}: tasks", f"must be a list of task strings, found {_short(tasks)}", ep_fix
+                )
+        if len(episodes) != total_episodes:
+            raise DatasetError(
+                info_path,
+                "total_episodes",
+                f"says {total_episodes} but meta/episodes.jsonl lists {len(episodes)}",
+                "finish the recording and call LeRobotWriter.finalize() (or re-download)",
+            )
+        if int(lengths.sum()) != total_frames:
+            raise DatasetError(
+                info_path,
+                "total_frames",
+                f"says {total_frames} but the episode lengths in meta/episodes.jsonl add up to {int(lengths.sum())}",
+                "call LeRobotWriter.finalize() again (or re-download)",
+            )
         self.episodes = episodes
         self.lengths = lengths
         self.starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else lengths
-        rows = _read_jsonl_strict(self.root / TASKS_PATH, "meta/tasks.jsonl")
-        try:
-            self.tasks = {int(r["task_index"]): str(r["task"]) for r in rows}
-        except KeyError as exc:
-            raise DatasetError(self.root / TASKS_PATH, str(exc.args[0]), "required key is missing",
-                               "each line needs task_index and task") from None
+        tasks_path = self.root / TASKS_PATH
+        self.tasks = {}
+        for i, r in enumerate(_read_jsonl_strict(tasks_path, "meta/tasks.jsonl")):
+            for key in ("task_index", "task"):
+                if key not in r:
+                    raise DatasetError(
+                        tasks_path,
+                        f"line {i + 1}: {key}",
+                        "required key is missing",
+                        "each line needs task_index and task",
+                    )
+            if not isinstance(r["task"], str):
+                raise DatasetError(
+                    tasks_path,
+                    f"line {i + 1}: task",
+                    f"must be a string, found {_short(r['task'])}",
+                    "re-download the file",
+                )
+            ti = _whole(r["task_index"], tasks_path, f"line {i + 1}: task_index", "re-download the file")
+            self.tasks[ti] = r["task"]
         self.stats = None
         if (self.root / STATS_PATH).is_file():
-            self.stats = json.loads((self.root / STATS_PATH).read_text(encoding="utf-8"))
+            self.stats = read_stats_json(self.root / STATS_PATH)
 
     def _check_files(self, verify_videos: bool | str) -> None:
         import pyarrow.parquet as pq
@@ -714,35 +1182,66 @@ class LeRobotDataset:
         for ep in range(len(self.episodes)):
             path = self.data_path(ep)
             if not path.is_file():
-                raise DatasetError(path, None, f"parquet of episode {ep} is missing",
-                                   "re-download the data/ folder, or re-record the episode")
+                raise DatasetError(
+                    path,
+                    None,
+                    f"parquet of episode {ep} is missing",
+                    "re-download the data/ folder, or re-record the episode",
+                )
             try:
                 md = pq.read_metadata(path)
+                schema = md.schema.to_arrow_schema()
             except Exception as exc:
-                raise DatasetError(path, None, f"not a readable parquet file ({type(exc).__name__}: {exc})",
-                                   "re-download the file, or re-record the episode") from None
+                raise DatasetError(
+                    path,
+                    None,
+                    f"not a readable parquet file ({type(exc).__name__}: {exc})",
+                    "re-download the file, or re-record the episode",
+                ) from None
             if md.num_rows != self.lengths[ep]:
-                raise DatasetError(path, "length", f"meta/episodes.jsonl says episode {ep} has "
-                                   f"{int(self.lengths[ep])} frames but the parquet has {md.num_rows} rows",
-                                   "fix the length in meta/episodes.jsonl (and total_frames in info.json), "
-                                   "or re-download the dataset")
-            schema = md.schema.to_arrow_schema()
+                raise DatasetError(
+                    path,
+                    "length",
+                    f"meta/episodes.jsonl says episode {ep} has "
+                    f"{int(self.lengths[ep])} frames but the parquet has {md.num_rows} rows",
+                    "fix the length in meta/episodes.jsonl (and total_frames in info.json), or re-download the dataset",
+                )
             for key in self.data_keys:
                 if key not in schema.names:
-                    raise DatasetError(path, key, f"column is missing (columns: {schema.names})",
-                                       "re-write the episode with every feature of meta/info.json, or remove "
-                                       "the feature from info.json if the dataset never had it")
+                    raise DatasetError(
+                        path,
+                        key,
+                        f"column is missing (columns: {schema.names})",
+                        "re-write the episode with every feature of meta/info.json, or remove "
+                        "the feature from info.json if the dataset never had it",
+                    )
                 typ = schema.field(key).type
+                check_column_type(path, key, typ, self.features[key])
                 shape = self.features[key]["shape"]
                 size = getattr(typ, "list_size", None)
                 if size is not None and size != int(np.prod(shape)):
-                    raise DatasetError(path, key, f"rows hold {size} values, meta/info.json says shape {shape}",
-                                       "fix the feature's shape in meta/info.json or re-write the episode")
+                    raise DatasetError(
+                        path,
+                        key,
+                        f"rows hold {size} values, meta/info.json says shape {shape}",
+                        "fix the feature's shape in meta/info.json or re-write the episode",
+                    )
+                if _value_type(typ) == typ and shape != [1] and self.features[key]["dtype"] != "string":
+                    raise DatasetError(
+                        path,
+                        key,
+                        f"column holds scalars but meta/info.json says shape {shape}",
+                        "fix the feature's shape in meta/info.json or re-write the episode",
+                    )
             for key in self.video_keys:
                 vp = self.video_path(ep, key)
                 if not vp.is_file() or vp.stat().st_size == 0:
-                    raise DatasetError(vp, key, f"video of episode {ep} is missing or empty",
-                                       "re-download the videos/ folder, or re-record the episode")
+                    raise DatasetError(
+                        vp,
+                        key,
+                        f"video of episode {ep} is missing or empty",
+                        "re-download the videos/ folder, or re-record the episode",
+                    )
         n_videos = len(self.episodes) * len(self.video_keys)
         if verify_videos is True or (verify_videos == "auto" and n_videos <= 200):
             self.verify_videos()
@@ -754,36 +1253,99 @@ class LeRobotDataset:
                 vp = self.video_path(ep, key)
                 info = probe_video(vp)
                 if info["frames"] and info["frames"] < self.lengths[ep]:
-                    raise DatasetError(vp, key, f"the video has {info['frames']} frames but the parquet has "
-                                       f"{int(self.lengths[ep])} rows",
-                                       "re-encode or re-record this episode")
+                    raise DatasetError(
+                        vp,
+                        key,
+                        f"the video has {info['frames']} frames but the parquet has {int(self.lengths[ep])} rows",
+                        "re-encode or re-record this episode",
+                    )
                 h, w, _ = self.features[key]["shape"]
                 if (info["height"], info["width"]) != (h, w):
-                    raise DatasetError(vp, key, f"frames are {info['height']}x{info['width']}, "
-                                       f"meta/info.json says {h}x{w}", "fix the shape in info.json or re-encode")
+                    raise DatasetError(
+                        vp,
+                        key,
+                        f"frames are {info['height']}x{info['width']}, meta/info.json says {h}x{w}",
+                        "fix the shape in info.json or re-encode",
+                    )
 
     def validate(self, deep: bool = False) -> dict:
-        """Full check. ``deep`` also reads every parquet and decodes every video to the end."""
+        """Full check. ``deep`` also reads every parquet (numeric columns must be finite) and
+        decodes every video to the end. An empty dataset, or one whose files resolve outside
+        its folder (symlinks), does not validate."""
+        if not self.episodes:
+            raise DatasetError(
+                self.root / EPISODES_PATH,
+                None,
+                "the dataset has no episodes",
+                "record or download episodes into it first (a recording that stopped before its first "
+                "episode leaves an empty dataset: run it again)",
+            )
+        self.check_inside_root()
+        self._check_episodes_stats()
         self.verify_videos()
         if deep:
             for ep in range(len(self.episodes)):
-                self._lowdim(ep)
+                low = self._lowdim(ep)
+                for key in self.data_keys:
+                    check_finite(self.data_path(ep), key, low[key], low.get("frame_index"))
                 for key in self.video_keys:
                     frames = decode_all_frames_checked(self.video_path(ep, key))
                     if len(frames) < self.lengths[ep]:
-                        raise DatasetError(self.video_path(ep, key), key,
-                                           f"decoded {len(frames)} frames, the parquet has {int(self.lengths[ep])} rows",
-                                           "re-encode or re-record this episode")
-        return {"episodes": len(self.episodes), "frames": self.num_frames, "videos": len(self.episodes) * len(self.video_keys),
-                "deep": deep, "ok": True}
+                        raise DatasetError(
+                            self.video_path(ep, key),
+                            key,
+                            f"decoded {len(frames)} frames, the parquet has {int(self.lengths[ep])} rows",
+                            "re-encode or re-record this episode",
+                        )
+        return {
+            "episodes": len(self.episodes),
+            "frames": self.num_frames,
+            "videos": len(self.episodes) * len(self.video_keys),
+            "deep": deep,
+            "ok": True,
+        }
+
+    def _check_episodes_stats(self) -> None:
+        """``meta/episodes_stats.jsonl`` (optional; LeRobot 0.3.x reads it): one object per line
+        with a whole-number ``episode_index`` and a ``stats`` object."""
+        path = self.root / EPISODES_STATS_PATH
+        if not path.is_file():
+            return
+        fix = "delete it and re-run LeRobotWriter.finalize() on the dataset (it is recomputed), or re-download it"
+        for i, row in enumerate(_read_jsonl_strict(path, EPISODES_STATS_PATH)):
+            ei = row.get("episode_index")
+            if isinstance(ei, bool) or not isinstance(ei, int) or not 0 <= ei < len(self.episodes):
+                raise DatasetError(
+                    path, f"line {i + 1}: episode_index", f"not an episode of the dataset: {_short(ei)}", fix
+                )
+            if not isinstance(row.get("stats"), dict):
+                raise DatasetError(
+                    path, f"line {i + 1}: stats", f"expected an object, found {_short(row.get('stats'))}", fix
+                )
+
+    def check_inside_root(self) -> None:
+        """Every parquet and mp4 of the dataset resolves (symlinks followed) inside its folder."""
+        top = self.root.resolve()
+        for ep in range(len(self.episodes)):
+            for p in [self.data_path(ep)] + [self.video_path(ep, k) for k in self.video_keys]:
+                real = p.resolve()
+                if real != top and top not in real.parents:
+                    raise DatasetError(
+                        p,
+                        f"episode {ep}",
+                        f"the file resolves to {real}, outside the dataset folder {top} (a symlink?)",
+                        "copy the real files into the dataset folder (e.g. `cp -rL`, or `huggingface-cli download "
+                        "--local-dir DIR`), then validate again",
+                    )
 
     # -- paths and sizes ---------------------------------------------------------------
     def data_path(self, ep: int) -> Path:
         return self.root / self.info["data_path"].format(episode_chunk=_chunk(ep, self.chunks_size), episode_index=ep)
 
     def video_path(self, ep: int, key: str) -> Path:
-        return self.root / self.info["video_path"].format(episode_chunk=_chunk(ep, self.chunks_size),
-                                                          video_key=key, episode_index=ep)
+        return self.root / self.info["video_path"].format(
+            episode_chunk=_chunk(ep, self.chunks_size), video_key=key, episode_index=ep
+        )
 
     @property
     def num_frames(self) -> int:
@@ -797,8 +1359,10 @@ class LeRobotDataset:
         return self.num_frames
 
     def __repr__(self) -> str:
-        return (f"LeRobotDataset({str(self.root)!r}, episodes={self.num_episodes}, frames={self.num_frames}, "
-                f"fps={self.fps}, cameras={self.video_keys})")
+        return (
+            f"LeRobotDataset({str(self.root)!r}, episodes={self.num_episodes}, frames={self.num_frames}, "
+            f"fps={self.fps}, cameras={self.video_keys})"
+        )
 
     def locate(self, index: int) -> tuple[int, int]:
         """Global frame index -> (episode_index, frame_index)."""
@@ -806,7 +1370,10 @@ class LeRobotDataset:
         if not -n <= index < n:
             raise IndexError(f"frame index {index} out of range for {n} frames")
         index %= n
-        ep = bisect.bisect_right(self.starts.tolist() if not hasattr(self, "_starts_list") else self._starts_list, index) - 1
+        ep = (
+            bisect.bisect_right(self.starts.tolist() if not hasattr(self, "_starts_list") else self._starts_list, index)
+            - 1
+        )
         return ep, int(index - self.starts[ep])
 
     # -- caches (per process) ----------------------------------------------------------
@@ -845,8 +1412,9 @@ class LeRobotDataset:
             table = pq.ParquetFile(path, memory_map=True).read(columns=self.data_keys, use_threads=False)
             got = {k: _column_to_numpy(table, k, self.features[k], path) for k in self.data_keys}
             if len(next(iter(got.values()))) != self.lengths[ep]:
-                raise DatasetError(path, "length", "row count changed since the dataset was opened",
-                                   "re-open the dataset")
+                raise DatasetError(
+                    path, "length", "row count changed since the dataset was opened", "re-open the dataset"
+                )
             self._lowdim_cache[ep] = got
         return got
 
@@ -909,8 +1477,13 @@ class LeRobotDataset:
             vi = [min(max(f + int(d), 0), t - 1) for d in video_delta_indices]
             out[key] = np.stack([self.frame(ep, key, i) for i in vi])
         task_index = int(low["task_index"][f]) if "task_index" in low else 0
-        out.update(task=self.tasks.get(task_index, ""), task_index=task_index, episode_index=ep,
-                   frame_index=f, index=int(self.starts[ep] + f))
+        out.update(
+            task=self.tasks.get(task_index, ""),
+            task_index=task_index,
+            episode_index=ep,
+            frame_index=f,
+            index=int(self.starts[ep] + f),
+        )
         return out
 
     def __getitem__(self, index: int) -> dict:
@@ -922,18 +1495,30 @@ class LeRobotDataset:
             raise IndexError(f"episode {i} out of range (the dataset has {self.num_episodes})")
         low = self._lowdim(i)
         tasks = self.episodes[i].get("tasks") or [self.tasks.get(int(low["task_index"][0]), "")]
-        return Episode(index=i, task=tasks[0], length=int(self.lengths[i]), data=dict(low),
-                       video_paths={k: self.video_path(i, k) for k in self.video_keys})
+        return Episode(
+            index=i,
+            task=tasks[0],
+            length=int(self.lengths[i]),
+            data=dict(low),
+            video_paths={k: self.video_path(i, k) for k in self.video_keys},
+        )
 
     def iter_episodes(self) -> Iterator[Episode]:
         for i in range(self.num_episodes):
             yield self.episode(i)
 
     def summary(self) -> dict:
-        return {"root": str(self.root), "codebase_version": self.info["codebase_version"],
-                "robot_type": self.robot_type, "fps": self.fps, "episodes": self.num_episodes,
-                "frames": self.num_frames, "tasks": len(self.tasks), "cameras": self.video_keys,
-                "features": {k: {"dtype": v["dtype"], "shape": v["shape"]} for k, v in self.features.items()}}
+        return {
+            "root": str(self.root),
+            "codebase_version": self.info["codebase_version"],
+            "robot_type": self.robot_type,
+            "fps": self.fps,
+            "episodes": self.num_episodes,
+            "frames": self.num_frames,
+            "tasks": len(self.tasks),
+            "cameras": self.video_keys,
+            "features": {k: {"dtype": v["dtype"], "shape": v["shape"]} for k, v in self.features.items()},
+        }
 
 
 def file_tree(root: str | os.PathLike, per_dir: int = 2) -> list[dict]:
@@ -946,17 +1531,27 @@ def file_tree(root: str | os.PathLike, per_dir: int = 2) -> list[dict]:
         if not files:
             continue
         rel = d.relative_to(root).as_posix()
-        rows.append({"path": (rel if rel != "." else "") + "/", "files": len(files),
-                     "bytes": sum(p.stat().st_size for p in files)})
+        rows.append(
+            {
+                "path": (rel if rel != "." else "") + "/",
+                "files": len(files),
+                "bytes": sum(p.stat().st_size for p in files),
+            }
+        )
         for p in files[:per_dir]:
             rows.append({"path": p.relative_to(root).as_posix(), "files": 1, "bytes": p.stat().st_size})
         if len(files) > per_dir:
-            rows.append({"path": f"{rel}/... ({len(files) - per_dir} more)", "files": len(files) - per_dir,
-                         "bytes": sum(p.stat().st_size for p in files[per_dir:])})
+            rows.append(
+                {
+                    "path": f"{rel}/... ({len(files) - per_dir} more)",
+                    "files": len(files) - per_dir,
+                    "bytes": sum(p.stat().st_size for p in files[per_dir:]),
+                }
+            )
     return rows
 
 
-def parquet_columns(ds: "LeRobotDataset", episode: int = 0) -> list[dict]:
+def parquet_columns(ds: LeRobotDataset, episode: int = 0) -> list[dict]:
     """One row per parquet column of an episode: arrow type, info.json dtype/shape, first value."""
     import pyarrow.parquet as pq
 
@@ -969,19 +1564,28 @@ def parquet_columns(ds: "LeRobotDataset", episode: int = 0) -> list[dict]:
             first = round(first, 4)
         elif isinstance(first, list):
             first = [round(x, 3) for x in first]
-        rows.append({"column": name, "arrow type": str(table.schema.field(name).type),
-                     "dtype": ft.get("dtype"), "shape": ft.get("shape"), "first row": first})
+        rows.append(
+            {
+                "column": name,
+                "arrow type": str(table.schema.field(name).type),
+                "dtype": ft.get("dtype"),
+                "shape": ft.get("shape"),
+                "first row": first,
+            }
+        )
     return rows
-
-
 
 
 def decode_all_frames_checked(path: Path) -> np.ndarray:
     try:
         return decode_all_frames(path)
     except Exception as exc:
-        raise DatasetError(path, None, f"decoding failed ({type(exc).__name__}: {exc}); the file is probably "
-                           "truncated", "re-download the file, or re-record the episode") from None
+        raise DatasetError(
+            path,
+            None,
+            f"decoding failed ({type(exc).__name__}: {exc}); the file is probably truncated",
+            "re-download the file, or re-record the episode",
+        ) from None
 
 
 def episode_grouped_order(lengths: Sequence[int], seed: int = 0) -> np.ndarray:
@@ -1005,6 +1609,3 @@ def episode_grouped_order(lengths: Sequence[int], seed: int = 0) -> np.ndarray:
 # --------------------------------------------------------------------------------------
 # CLI: python -m tutorial_utils dataset {info,validate,generate,stats} ...
 # --------------------------------------------------------------------------------------
-
-
-

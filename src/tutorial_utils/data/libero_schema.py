@@ -3,26 +3,11 @@ gripper conventions (dataset: +1 open / -1 close; robosuite: -1 open / +1 close)
 
 from __future__ import annotations
 
-import argparse
-import bisect
-import collections
 import json
-import os
-import re
-import shutil
-import sys
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from tutorial_utils.io import atomic_path, atomic_write_json, atomic_write_text
-from tutorial_utils.errors import DatasetError
 from tutorial_utils.data.format import DEFAULT_FEATURES
-
-
 
 # LIBERO as published in IPEC-COMMUNITY/libero_*_no_noops_1.0.0_lerobot (converted with
 # any4lerobot from the OpenVLA "no_noops" RLDS): LIBERO's control frequency is 20 Hz,
@@ -43,14 +28,22 @@ LIBERO_ACTION_DIM = 7
 #: convention of the published datasets: +1 = open, -1 = close (robosuite wants the opposite).
 LIBERO_DIM_MEANING = {
     "observation.state": [
-        "end-effector x, world frame (m)", "end-effector y, world frame (m)", "end-effector z, world frame (m)",
-        "end-effector orientation, axis-angle x (rad)", "end-effector orientation, axis-angle y (rad)",
-        "end-effector orientation, axis-angle z (rad)", "left finger position (m, ~0.04 open)",
+        "end-effector x, world frame (m)",
+        "end-effector y, world frame (m)",
+        "end-effector z, world frame (m)",
+        "end-effector orientation, axis-angle x (rad)",
+        "end-effector orientation, axis-angle y (rad)",
+        "end-effector orientation, axis-angle z (rad)",
+        "left finger position (m, ~0.04 open)",
         "right finger position (m, ~-0.04 open)",
     ],
     "action": [
-        "delta x (1.0 = 5 cm)", "delta y (1.0 = 5 cm)", "delta z (1.0 = 5 cm)",
-        "delta rotation x (1.0 = 0.5 rad)", "delta rotation y (1.0 = 0.5 rad)", "delta rotation z (1.0 = 0.5 rad)",
+        "delta x (1.0 = 5 cm)",
+        "delta y (1.0 = 5 cm)",
+        "delta z (1.0 = 5 cm)",
+        "delta rotation x (1.0 = 0.5 rad)",
+        "delta rotation y (1.0 = 0.5 rad)",
+        "delta rotation z (1.0 = 0.5 rad)",
         "gripper command (+1 open, -1 close in the dataset)",
     ],
 }
@@ -116,8 +109,6 @@ def action_to_env(action, gripper: str) -> np.ndarray:
     )
 
 
-
-
 def libero_features(image_size: int = LIBERO_IMAGE_SIZE) -> dict:
     """The ``features`` block of the LIBERO LeRobot datasets (cameras ``image_size`` square).
 
@@ -130,13 +121,12 @@ def libero_features(image_size: int = LIBERO_IMAGE_SIZE) -> dict:
     feats: dict[str, dict] = {
         LIBERO_CAMERAS[0]: json.loads(json.dumps(video)),
         LIBERO_CAMERAS[1]: json.loads(json.dumps(video)),
-        "observation.state": {"dtype": "float32", "shape": [LIBERO_STATE_DIM],
-                              "names": {"motors": list(LIBERO_STATE_NAMES)}},
-        "action": {"dtype": "float32", "shape": [LIBERO_ACTION_DIM],
-                   "names": {"motors": list(LIBERO_ACTION_NAMES)}},
+        "observation.state": {
+            "dtype": "float32",
+            "shape": [LIBERO_STATE_DIM],
+            "names": {"motors": list(LIBERO_STATE_NAMES)},
+        },
+        "action": {"dtype": "float32", "shape": [LIBERO_ACTION_DIM], "names": {"motors": list(LIBERO_ACTION_NAMES)}},
     }
     feats.update(json.loads(json.dumps(DEFAULT_FEATURES)))
     return feats
-
-
-

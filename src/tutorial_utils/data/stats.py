@@ -29,9 +29,20 @@ from pathlib import Path
 
 import numpy as np
 
-from tutorial_utils.io import atomic_path, atomic_write_json
-from tutorial_utils.data.format import EPISODES_PATH, INFO_PATH, _column_to_numpy, read_info
+from tutorial_utils.data.format import (
+    EPISODES_PATH,
+    INFO_PATH,
+    NON_FINITE_FIX,
+    NON_NUMERIC_DTYPES,
+    _column_to_numpy,
+    _numeric_dtype,
+    _value_type,
+    check_column_type,
+    check_features,
+    read_info,
+)
 from tutorial_utils.errors import DatasetError
+from tutorial_utils.io import atomic_path, atomic_write_json
 
 STATS_GR00T_PATH = "meta/stats_gr00t.json"
 STEP_INDEX_PATH = "meta/steps_index.npz"
@@ -60,7 +71,7 @@ def fingerprint(root: str | os.PathLike, files: list[Path] | None = None) -> str
     h = hashlib.sha256()
     for p in (data_files(root) if files is None else files) + [root / INFO_PATH, root / EPISODES_PATH]:
         name = os.fspath(p)  # strings, not Path.relative_to: half the time for 432 files
-        rel = name[len(base):].replace(os.sep, "/") if name.startswith(base) else p.relative_to(root).as_posix()
+        rel = name[len(base) :].replace(os.sep, "/") if name.startswith(base) else p.relative_to(root).as_posix()
         try:
             st = os.stat(name)
         except FileNotFoundError:
@@ -71,8 +82,18 @@ def fingerprint(root: str | os.PathLike, files: list[Path] | None = None) -> str
 
 
 def _numeric_features(root: Path) -> dict:
+    info_path = root / INFO_PATH
     info = read_info(root)
-    return {k: v for k, v in info["features"].items() if v["dtype"] not in ("video", "image", "string")}
+    feats = check_features(info_path, info.get("features"))
+    for k in ("episode_index", "frame_index", "index"):
+        if k not in feats or feats[k]["dtype"] in NON_NUMERIC_DTYPES:
+            raise DatasetError(
+                info_path,
+                f"features.{k}",
+                "default LeRobot column is missing",
+                "add it (dtype int64, shape [1]) or re-download the dataset",
+            )
+    return {k: v for k, v in feats.items() if v["dtype"] not in NON_NUMERIC_DTYPES}
 
 
 #: files up to this size are read with one ``read()`` and parsed from memory (one syscall instead
@@ -101,17 +122,34 @@ def _open_parquet(path: Path):
         reader = ParquetReader()
         reader.open(source, pre_buffer=False)
     except (OSError, pa.ArrowException) as exc:
-        raise DatasetError(path, None, f"not a readable parquet file ({exc})",
-                           "re-write or re-download this episode file") from None
+        raise DatasetError(
+            path, None, f"not a readable parquet file ({exc})", "re-write or re-download this episode file"
+        ) from None
     return reader
 
 
-def _check_types(path: Path, schema, types: dict, first: Path) -> None:
+def _check_types(path: Path, schema, types: dict, first: Path, feats: dict) -> None:
+    """Every file has the column types of the first one. When they differ, the file whose type
+    does not match meta/info.json's dtype is the one blamed (it may be the first file)."""
     for c, want in types.items():
         got = schema.field(c).type
+        check_column_type(path, c, got, feats[c])
         if got != want:
-            raise DatasetError(path, c, f"column type {got} differs from {want} in {first.name}",
-                               "re-write the episode with the dataset's writer")
+            blame, other, theirs, ours = path, first, got, want
+            dtype = _numeric_dtype(feats[c]["dtype"])
+            if dtype is not None:
+                import pyarrow as pa
+
+                expected = pa.from_numpy_dtype(dtype)
+                if _value_type(got) == expected and _value_type(want) != expected:
+                    blame, other, theirs, ours = first, path, want, got
+            raise DatasetError(
+                blame,
+                c,
+                f"column type {theirs} differs from {ours} in {other.name}"
+                + ("" if blame == path else f" (meta/info.json says {feats[c]['dtype']})"),
+                "re-write the episode with the dataset's writer",
+            )
 
 
 def load_columns(root: str | os.PathLike, files: list[Path] | None = None) -> dict[str, np.ndarray]:
@@ -130,8 +168,12 @@ def load_columns(root: str | os.PathLike, files: list[Path] | None = None) -> di
     feats = _numeric_features(root)
     files = data_files(root) if files is None else files
     if not files:
-        raise DatasetError(root / "data", None, "no parquet files under data/*/",
-                           "point at the dataset root, or download / record the data first")
+        raise DatasetError(
+            root / "data",
+            None,
+            "no parquet files under data/*/",
+            "point at the dataset root, or download / record the data first",
+        )
     columns = list(feats)
     tables = []
     first_layout = first_leaves = types = None
@@ -144,21 +186,29 @@ def load_columns(root: str | os.PathLike, files: list[Path] | None = None) -> di
             schema = reader.schema_arrow
             missing = [c for c in columns if schema.get_field_index(c) < 0]
             if missing:
-                raise DatasetError(f, missing[0], f"column is missing (columns: {schema.names})",
-                                   "re-write the episode with every feature of meta/info.json")
+                raise DatasetError(
+                    f,
+                    missing[0],
+                    f"column is missing (columns: {schema.names})",
+                    "re-write the episode with every feature of meta/info.json",
+                )
             paths = reader.column_paths  # leaf columns; a list column is one leaf, a struct several
             leaves = [i for c in columns for i, path in enumerate(paths) if path[0] == c]
             if first_layout is None:
                 first_layout, first_leaves = layout, leaves
                 types = {c: schema.field(c).type for c in columns}
-            _check_types(f, schema, types, files[0])
+            _check_types(f, schema, types, files[0], feats)
         tables.append(reader.read_all(column_indices=leaves, use_threads=False))  # columns in our order
     try:
         table = pa.concat_tables(tables)  # identical schemas: the cheap strict concat
     except pa.ArrowInvalid:  # another Arrow type under the same parquet layout (named), or nullability
         for f, t in zip(files, tables):
-            _check_types(f, t.schema, types, files[0])
+            _check_types(f, t.schema, types, files[0], feats)
         table = pa.concat_tables(tables, promote_options="default")  # unifies nullability, never a type
+    if table.num_rows == 0:
+        raise DatasetError(
+            root / "data", None, "the parquet files hold no rows", "record or download episodes into the dataset first"
+        )
     out = {}
     for k, ft in feats.items():
         try:
@@ -200,8 +250,14 @@ def column_stats(x: np.ndarray) -> dict:
     mean = xt.mean(1, dtype=np.float64)
     dev = xt - mean[:, None]  # float64
     std = np.sqrt(np.einsum("ij,ij->i", dev, dev) / n)  # one pass, no squared temporary
-    return {"mean": mean.tolist(), "std": std.tolist(), "min": xt.min(1).astype(np.float64).tolist(),
-            "max": xt.max(1).astype(np.float64).tolist(), "q01": quantile(lo).tolist(), "q99": quantile(hi).tolist()}
+    return {
+        "mean": mean.tolist(),
+        "std": std.tolist(),
+        "min": xt.min(1).astype(np.float64).tolist(),
+        "max": xt.max(1).astype(np.float64).tolist(),
+        "q01": quantile(lo).tolist(),
+        "q99": quantile(hi).tolist(),
+    }
 
 
 def max_difference(a: dict, b: dict) -> float:
@@ -217,20 +273,33 @@ def compute_stats_gr00t(columns: dict[str, np.ndarray]) -> dict:
 
 def compute_step_index(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """One (trajectory_id, base_index) per frame, in dataset order."""
-    return {"trajectory_ids": columns["episode_index"][:, 0].astype(np.int64),
-            "base_indices": columns["frame_index"][:, 0].astype(np.int64)}
+    return {
+        "trajectory_ids": columns["episode_index"][:, 0].astype(np.int64),
+        "base_indices": columns["frame_index"][:, 0].astype(np.int64),
+    }
 
 
-def dataset_statistics(stats: dict, num_trajectories: int, num_transitions: int, embodiment: str = "franka",
-                       action_mask: list[bool] | None = None) -> dict:
+def dataset_statistics(
+    stats: dict,
+    num_trajectories: int,
+    num_transitions: int,
+    embodiment: str = "franka",
+    action_mask: list[bool] | None = None,
+) -> dict:
     """The ``dataset_statistics.json`` block: action (with mask) and state stats for ``embodiment``."""
     action = dict(stats["action"])
     mask = list(FRANKA_ACTION_MASK if action_mask is None else action_mask)
     if len(mask) != len(action["mean"]):
         raise ValueError(f"action mask has {len(mask)} entries, the action has {len(action['mean'])} dims")
     action["mask"] = mask
-    return {embodiment: {"action": action, "state": dict(stats["observation.state"]),
-                         "num_trajectories": int(num_trajectories), "num_transitions": int(num_transitions)}}
+    return {
+        embodiment: {
+            "action": action,
+            "state": dict(stats["observation.state"]),
+            "num_trajectories": int(num_trajectories),
+            "num_transitions": int(num_transitions),
+        }
+    }
 
 
 def load_step_index(root: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -248,31 +317,73 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def _write_pkl(path: Path, index: dict[str, np.ndarray], config_key: str) -> None:
     """The upstream pickle, for DiT4DiT's loader only. Written by us; never read by us."""
     steps = list(zip(index["trajectory_ids"].tolist(), index["base_indices"].tolist()))
-    payload = {"config_key": config_key, "steps": steps,
-               "num_trajectories": int(len(np.unique(index["trajectory_ids"]))),
-               "total_steps": len(steps), "computed_timestamp": time.time(), "delete_pause_frame": False}
+    payload = {
+        "config_key": config_key,
+        "steps": steps,
+        "num_trajectories": int(len(np.unique(index["trajectory_ids"]))),
+        "total_steps": len(steps),
+        "computed_timestamp": time.time(),
+        "delete_pause_frame": False,
+    }
     with atomic_path(path, suffix=".pkl") as tmp:
         tmp.write_bytes(pickle.dumps(payload, protocol=4))
 
 
 def _cache_valid(root: Path, fp: str) -> dict | None:
+    """The cached statistics when they are for these data files, complete and finite; else None."""
     try:
         cache = json.loads((root / CACHE_PATH).read_text(encoding="utf-8"))
         if cache.get("version") != CACHE_VERSION or cache.get("fingerprint") != fp:
             return None
+        if not all(isinstance(cache.get(k), int) for k in ("num_trajectories", "num_transitions")):
+            return None
         stats = json.loads((root / STATS_GR00T_PATH).read_text(encoding="utf-8"))
         if not (root / STEP_INDEX_PATH).is_file():
             return None
-        if any(set(STAT_KEYS) - set(v) for v in stats.values()):
+        if any(not isinstance(v, dict) or set(STAT_KEYS) - set(v) for v in stats.values()):
             return None
+        for v in stats.values():  # statistics written before the finite check existed
+            if not all(np.isfinite(np.asarray(v[k], dtype=np.float64)).all() for k in STAT_KEYS):
+                return None
         return {"stats": stats, "cache": cache}
-    except (OSError, json.JSONDecodeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):  # JSON and UTF-8 errors are ValueErrors
         return None
 
 
-def compute_all(root: str | os.PathLike, run_dir: str | os.PathLike | None = None, *, write_pkl: bool = False,
-                force: bool = False, embodiment: str = "franka", action_mask: list[bool] | None = None,
-                config_key: str = "libero_franka") -> dict:
+def _check_finite_columns(root: Path, files: list[Path], columns: dict[str, np.ndarray]) -> None:
+    """NaN or inf anywhere: a :class:`DatasetError` naming the parquet file, the column and the
+    first bad frame, before any statistics are written."""
+    for key, arr in columns.items():
+        if arr.dtype.kind != "f":
+            continue
+        bad = ~np.isfinite(arr)
+        if not bad.any():
+            continue
+        row = int(np.flatnonzero(bad.any(axis=1))[0])
+        dim = int(np.flatnonzero(bad[row])[0])
+        ep, frame = (float(columns[k][row, 0]) for k in ("episode_index", "frame_index"))
+        ep, frame = (int(v) if np.isfinite(v) else -1 for v in (ep, frame))
+        name = f"episode_{ep:06d}.parquet"
+        path = next((f for f in files if f.name == name), root / "data" / name)
+        raise DatasetError(
+            path,
+            key,
+            f"{int(bad.sum())} non-finite value(s) in the column over the dataset; the first is {arr[row, dim]} "
+            f"at frame {frame} (dim {dim}) of episode {ep}; no statistics were written",
+            NON_FINITE_FIX,
+        )
+
+
+def compute_all(
+    root: str | os.PathLike,
+    run_dir: str | os.PathLike | None = None,
+    *,
+    write_pkl: bool = False,
+    force: bool = False,
+    embodiment: str = "franka",
+    action_mask: list[bool] | None = None,
+    config_key: str = "libero_franka",
+) -> dict:
     """Stats, step index and dataset_statistics for ``root``; cached until the data changes.
 
     Returns ``stats_gr00t``, ``dataset_statistics``, ``num_trajectories``, ``num_transitions``,
@@ -293,6 +404,15 @@ def compute_all(root: str | os.PathLike, run_dir: str | os.PathLike | None = Non
             _write_pkl(root / STEPS_PKL_PATH, load_step_index(root), config_key)
     else:
         columns = load_columns(root, files=listed)
+        _check_finite_columns(root, listed, columns)
+        for key in ("action", "observation.state"):  # what dataset_statistics.json is made of
+            if key not in columns:
+                raise DatasetError(
+                    root / INFO_PATH,
+                    f"features.{key}",
+                    "the numeric feature is missing",
+                    "this dataset does not have the LIBERO schema (tutorial_utils.data.libero_schema)",
+                )
         stats = compute_stats_gr00t(columns)
         index = compute_step_index(columns)
         n_traj = int(len(np.unique(index["trajectory_ids"])))
@@ -301,18 +421,31 @@ def compute_all(root: str | os.PathLike, run_dir: str | os.PathLike | None = Non
         _write_npz(root / STEP_INDEX_PATH, index)
         if write_pkl or (root / STEPS_PKL_PATH).is_file():  # never leave a stale pickle behind
             _write_pkl(root / STEPS_PKL_PATH, index, config_key)
-        atomic_write_json(root / CACHE_PATH, {"version": CACHE_VERSION, "fingerprint": fp,
-                                              "num_trajectories": n_traj, "num_transitions": n_trans,
-                                              "computed_at": time.time()})
+        atomic_write_json(
+            root / CACHE_PATH,
+            {
+                "version": CACHE_VERSION,
+                "fingerprint": fp,
+                "num_trajectories": n_traj,
+                "num_transitions": n_trans,
+                "computed_at": time.time(),
+            },
+        )
         cached = False
     if write_pkl:
         files["steps_pkl"] = root / STEPS_PKL_PATH
     ds_stats = dataset_statistics(stats, n_traj, n_trans, embodiment, action_mask)
     if run_dir is not None:
         files["dataset_statistics"] = atomic_write_json(Path(run_dir) / "dataset_statistics.json", ds_stats, indent=2)
-    return {"stats_gr00t": stats, "dataset_statistics": ds_stats, "num_trajectories": n_traj,
-            "num_transitions": n_trans, "cached": cached, "seconds": time.perf_counter() - t0,
-            "files": {k: str(v) for k, v in files.items()}}
+    return {
+        "stats_gr00t": stats,
+        "dataset_statistics": ds_stats,
+        "num_trajectories": n_traj,
+        "num_transitions": n_trans,
+        "cached": cached,
+        "seconds": time.perf_counter() - t0,
+        "files": {k: str(v) for k, v in files.items()},
+    }
 
 
 def reference_stats_pandas(root: str | os.PathLike) -> dict:
@@ -326,12 +459,31 @@ def reference_stats_pandas(root: str | os.PathLike) -> dict:
     out = {}
     for col in df.columns:
         rows = np.vstack([np.asarray(x, dtype=np.float32) for x in df[col]]).astype(np.float64)
-        out[col] = {"mean": np.mean(rows, axis=0).tolist(), "std": np.std(rows, axis=0).tolist(),
-                    "min": np.min(rows, axis=0).tolist(), "max": np.max(rows, axis=0).tolist(),
-                    "q01": np.quantile(rows, 0.01, axis=0).tolist(), "q99": np.quantile(rows, 0.99, axis=0).tolist()}
+        out[col] = {
+            "mean": np.mean(rows, axis=0).tolist(),
+            "std": np.std(rows, axis=0).tolist(),
+            "min": np.min(rows, axis=0).tolist(),
+            "max": np.max(rows, axis=0).tolist(),
+            "q01": np.quantile(rows, 0.01, axis=0).tolist(),
+            "q99": np.quantile(rows, 0.99, axis=0).tolist(),
+        }
     return out
 
 
-__all__ = ["STATS_GR00T_PATH", "STEP_INDEX_PATH", "STEPS_PKL_PATH", "CACHE_PATH", "FRANKA_ACTION_MASK",
-           "fingerprint", "load_columns", "column_stats", "max_difference", "compute_stats_gr00t", "compute_step_index",
-           "dataset_statistics", "load_step_index", "compute_all", "reference_stats_pandas"]
+__all__ = [
+    "STATS_GR00T_PATH",
+    "STEP_INDEX_PATH",
+    "STEPS_PKL_PATH",
+    "CACHE_PATH",
+    "FRANKA_ACTION_MASK",
+    "fingerprint",
+    "load_columns",
+    "column_stats",
+    "max_difference",
+    "compute_stats_gr00t",
+    "compute_step_index",
+    "dataset_statistics",
+    "load_step_index",
+    "compute_all",
+    "reference_stats_pandas",
+]

@@ -69,22 +69,33 @@ def _render(pos: np.ndarray, closed: np.ndarray, size: int, wrist: bool, rng: np
         if closed[i]:
             bowl = g.copy()
         if wrist:  # the wrist camera sees the scene shifted by the end-effector position
-            shift = (g - 0.5)
+            shift = g - 0.5
             centres = [(plate - shift, (235, 235, 235), 1.6), (bowl - shift, (25, 25, 30), 1.0)]
         else:
             centres = [(plate, (235, 235, 235), 1.6), (bowl, (25, 25, 30), 1.0), (g, (60, 60, 160), 0.6)]
         for c, colour, scale in centres:
             cy, cx = (np.clip(c, 0, 1) * (size - 1)).astype(int)
             rr = max(1, int(r * scale))
-            img[max(cy - rr, 0):cy + rr, max(cx - rr, 0):cx + rr] = colour
+            img[max(cy - rr, 0) : cy + rr, max(cx - rr, 0) : cx + rr] = colour
         out[i] = img
     return out
 
 
-def generate_dataset(root: str | os.PathLike, n_episodes: int = 3, mean_length: int = 20, image_size: int = 32,
-                     n_tasks: int = 2, seed: int = 0, *, lengths: list[int] | None = None,
-                     fps: int = LIBERO_FPS, overwrite: bool = False, finalize: bool = True,
-                     preset: str = "ultrafast", progress: bool = False) -> Path:
+def generate_dataset(
+    root: str | os.PathLike,
+    n_episodes: int = 3,
+    mean_length: int = 20,
+    image_size: int = 32,
+    n_tasks: int = 2,
+    seed: int = 0,
+    *,
+    lengths: list[int] | None = None,
+    fps: int = LIBERO_FPS,
+    overwrite: bool = False,
+    finalize: bool = True,
+    preset: str = "ultrafast",
+    progress: bool = False,
+) -> Path:
     """Write (or complete) a synthetic LIBERO-schema dataset at ``root``; returns ``root``.
 
     Episode lengths vary around ``mean_length`` (+-25 %) unless ``lengths`` gives them.

@@ -4,24 +4,14 @@
 
 from __future__ import annotations
 
-import argparse
-import bisect
-import collections
-import json
 import os
-import re
-import shutil
-import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
-from tutorial_utils.io import atomic_path, atomic_write_json, atomic_write_text
 from tutorial_utils.errors import DatasetError
-
+from tutorial_utils.io import atomic_path
 
 #: Video encoding: h264 in yuv420p is what every LeRobot 0.3.x video backend decodes.
 VIDEO_CODEC = "libx264"
@@ -29,15 +19,20 @@ VIDEO_CODEC_NAME = "h264"
 VIDEO_PIX_FMT = "yuv420p"
 
 
-
-
 # --------------------------------------------------------------------------------------
 # Video encoding / decoding (PyAV)
 # --------------------------------------------------------------------------------------
 
 
-def encode_video(path: str | os.PathLike, frames: np.ndarray, fps: int, *, crf: int = 23,
-                 preset: str = "veryfast", gop: int | None = None) -> Path:
+def encode_video(
+    path: str | os.PathLike,
+    frames: np.ndarray,
+    fps: int,
+    *,
+    crf: int = 23,
+    preset: str = "veryfast",
+    gop: int | None = None,
+) -> Path:
     """Write (T,H,W,3) uint8 frames as an h264/yuv420p mp4, atomically. Frame i has pts i/fps."""
     import av
 
@@ -53,8 +48,7 @@ def encode_video(path: str | os.PathLike, frames: np.ndarray, fps: int, *, crf: 
             stream = container.add_stream(VIDEO_CODEC, rate=int(fps))
             stream.width, stream.height, stream.pix_fmt = w, h, VIDEO_PIX_FMT
             stream.thread_count = 1
-            stream.options = {"crf": str(crf), "preset": preset, "g": str(gop or int(fps)),
-                              "bf": "0"}
+            stream.options = {"crf": str(crf), "preset": preset, "g": str(gop or int(fps)), "bf": "0"}
             for frame in frames:
                 vf = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
                 for packet in stream.encode(vf):
@@ -70,21 +64,33 @@ def probe_video(path: str | os.PathLike) -> dict:
 
     path = Path(path)
     if not path.is_file():
-        raise DatasetError(path, None, "video file is missing",
-                           "re-download or re-record this episode (or delete the dataset and regenerate it)")
+        raise DatasetError(
+            path,
+            None,
+            "video file is missing",
+            "re-download or re-record this episode (or delete the dataset and regenerate it)",
+        )
     try:
         with av.open(str(path)) as c:
             if not c.streams.video:
                 raise DatasetError(path, None, "the file has no video stream", "re-encode the episode")
             s = c.streams.video[0]
-            return {"frames": int(s.frames), "width": s.codec_context.width,
-                    "height": s.codec_context.height, "codec": s.codec_context.name}
+            return {
+                "frames": int(s.frames),
+                "width": s.codec_context.width,
+                "height": s.codec_context.height,
+                "codec": s.codec_context.name,
+            }
     except DatasetError:
         raise
     except Exception as exc:  # av.error.InvalidDataError and friends
-        raise DatasetError(path, None, f"cannot be opened as a video ({type(exc).__name__}: {exc}); "
-                           "it is probably truncated (an interrupted download or write)",
-                           "re-download the file, or re-record the episode") from None
+        raise DatasetError(
+            path,
+            None,
+            f"cannot be opened as a video ({type(exc).__name__}: {exc}); "
+            "it is probably truncated (an interrupted download or write)",
+            "re-download the file, or re-record the episode",
+        ) from None
 
 
 #: Decoder caches inherited through fork (see LeRobotDataset._check_pid); never touched.
@@ -121,9 +127,13 @@ class _EpisodeVideo:
             self.stream.thread_type = "NONE"
         except Exception as exc:
             self.container = None
-            raise DatasetError(self.path, None, f"cannot be opened as a video ({type(exc).__name__}: {exc})",
-                               "re-download the file, or re-record the episode; "
-                               "`python -m tutorial_utils dataset validate ROOT --deep` lists every bad file") from None
+            raise DatasetError(
+                self.path,
+                None,
+                f"cannot be opened as a video ({type(exc).__name__}: {exc})",
+                "re-download the file, or re-record the episode; "
+                "`python -m tutorial_utils dataset validate ROOT --deep` lists every bad file",
+            ) from None
         self._iter = None
 
     def _index(self, frame) -> int:
@@ -134,10 +144,18 @@ class _EpisodeVideo:
     def _fail(self, k: int, exc: BaseException | None) -> DatasetError:
         self.close()
         if exc is None:
-            return DatasetError(self.path, f"frame {k}", f"the video ends before frame {k} but the parquet has "
-                                f"{self.expected} rows", "re-encode or re-record this episode")
-        return DatasetError(self.path, f"frame {k}", f"decoding failed ({type(exc).__name__}: {exc}); the file is "
-                            "probably truncated", "re-download the file, or re-record the episode")
+            return DatasetError(
+                self.path,
+                f"frame {k}",
+                f"the video ends before frame {k} but the parquet has {self.expected} rows",
+                "re-encode or re-record this episode",
+            )
+        return DatasetError(
+            self.path,
+            f"frame {k}",
+            f"decoding failed ({type(exc).__name__}: {exc}); the file is probably truncated",
+            "re-download the file, or re-record the episode",
+        )
 
     def get(self, k: int) -> np.ndarray:
         got = self._decoded(k)
@@ -221,7 +239,3 @@ def decode_all_frames(path: str | os.PathLike) -> np.ndarray:
 
     with av.open(str(path)) as c:
         return np.stack([_rgb(f) for f in c.decode(video=0)])
-
-
-
-
