@@ -11,12 +11,14 @@ export TUTORIAL_PROFILE ?= ci
 # jupyter-book, papermill and nbmake start kernels from PATH: make it this venv's.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help book test setup system venv vendor ipynb main-job html lint test-quick test-unit test-notebooks test-browser clean
+.PHONY: help book test setup system venv vendor ipynb main-job html lint lint-workflows test-quick test-unit test-notebooks test-browser clean lab publish publish-gh-pages
 
 help:
 	@echo "make book   set up (Debian packages, .venv), run the main job, build the HTML book into _build/html"
 	@echo "make test   set up if needed, then run every test (unit, notebooks with nbmake, book build, browser)"
-	@echo "parts: setup ipynb main-job html lint test-quick test-unit test-notebooks test-browser clean"
+	@echo "make lab    JupyterLab on the chapters (127.0.0.1:$(LAB_PORT), token in $(STAMP)/lab_token; LAB_PORT=N to move it)"
+	@echo "make publish DEST=DIR   copy _build/html into DIR (make publish-gh-pages: a local gh-pages branch)"
+	@echo "parts: setup ipynb main-job html lint lint-workflows test-quick test-unit test-notebooks test-browser clean"
 
 # --- set-up (each step done once; redone only when its inputs change) -----------------------
 $(STAMP)/system: scripts/install_system_packages.sh
@@ -64,11 +66,35 @@ html: setup
 book: setup main-job html
 	@echo "book: $(CURDIR)/_build/html/index.html"
 
+# --- the other doors: JupyterLab, and a copy of the built site ----------------------------------
+# JupyterLab on 127.0.0.1 only; the token is in $(STAMP)/lab_token (0600) and is never printed.
+# From a laptop: ssh -N -L 8888:127.0.0.1:8888 user@server, then open http://127.0.0.1:8888/lab
+LAB_PORT ?= 8888
+lab: venv
+	$(PY) -m tutorial_utils lab --port $(LAB_PORT)
+
+# copy _build/html into DEST (built beside it, then renamed into place); run `make html` first
+publish:
+	@test -n "$(DEST)" || { echo "usage: make publish DEST=/some/dir   (copies _build/html there)" >&2; exit 2; }
+	$(PY) -m tutorial_utils lab publish "$(DEST)"
+
+# write _build/html to the local gh-pages branch (with .nojekyll); pushing it is up to you:
+# git push origin gh-pages
+publish-gh-pages:
+	@test -f _build/html/index.html || { echo "_build/html/index.html is missing: run make html first" >&2; exit 1; }
+	$(VENV)/bin/ghp-import --no-jekyll --branch gh-pages --message "book: $$(git rev-parse --short HEAD)" _build/html
+	@echo "gh-pages updated (not pushed): git push origin gh-pages"
+
 # --- tests --------------------------------------------------------------------------------------
 # ruff's settings are in pyproject.toml; a formatting or lint error fails `make test`
 lint: venv
 	$(PY) -m ruff format --check src tests benchmarks
 	$(PY) -m ruff check src tests benchmarks
+	$(MAKE) --no-print-directory lint-workflows
+
+# the CI workflow (.github/workflows), checked offline by actionlint (bundled in .venv)
+lint-workflows: venv
+	$(VENV)/bin/actionlint -no-color .github/workflows/*.yml
 
 # the unit tests minus the `slow` (> ~5 s) and `browser` ones, on 2 workers: under 2 minutes on 2 cores
 test-quick: setup

@@ -1,19 +1,24 @@
 """Every page of the built book, in a real headless Chromium served from 127.0.0.1.
 
 Needs `_build/html` (``make html``). Under ``make test`` (REQUIRE_BOOK=1) a missing build is
-a failure, not a skip. Screenshots go to ``_build/screenshots/``.
+a failure, not a skip. Screenshots go to ``_build/screenshots/``. ``BOOK_ROOT=DIR`` serves another
+copy of the site (e.g. one written by ``make publish DEST=DIR``) instead of ``_build/html``;
+``test_published_copy_serves_cleanly_and_offline`` does that for one copy on its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import os
 import shutil
+import subprocess
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +26,7 @@ from conftest import REPO
 from tutorial_utils.report import book
 
 pytestmark = pytest.mark.browser
-HTML = REPO / "_build" / "html"
+HTML = Path(os.environ.get("BOOK_ROOT") or REPO / "_build" / "html").resolve()
 SHOTS = REPO / "_build" / "screenshots"
 PAGES = [p.relative_to(REPO).with_suffix(".html").as_posix() for p in book.toc_files(REPO)]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -36,15 +41,23 @@ def _need_book():
         pytest.skip(msg)
 
 
-@pytest.fixture(scope="module")
-def server():
-    _need_book()
-    handler = functools.partial(_QuietHandler, directory=str(HTML))
+@contextlib.contextmanager
+def _serve(root: Path):
+    handler = functools.partial(_QuietHandler, directory=str(root))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    finally:
+        httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server():
+    _need_book()
+    with _serve(HTML) as url:
+        yield url
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -102,6 +115,10 @@ return out;
 
 @pytest.mark.parametrize("page", PAGES)
 def test_page_loads_cleanly(page, server, driver):
+    _check_page(page, server, driver)
+
+
+def _check_page(page, server, driver, shot_prefix=""):
     driver.get_log("browser")  # drop what earlier pages logged
     driver.get(server + page)
     h1 = driver.execute_script(
@@ -143,5 +160,31 @@ def test_page_loads_cleanly(page, server, driver):
     SHOTS.mkdir(parents=True, exist_ok=True)
     height = min(int(driver.execute_script("return document.documentElement.scrollHeight")), 12000)
     driver.set_window_size(1280, max(height, 800))
-    driver.save_screenshot(str(SHOTS / (page.replace("/", "__").removesuffix(".html") + ".png")))
+    driver.save_screenshot(str(SHOTS / (shot_prefix + page.replace("/", "__").removesuffix(".html") + ".png")))
     driver.set_window_size(1280, 1600)
+
+
+#: every resource a page fetched (scripts, styles, fonts, images, widget modules) and its origin
+_RESOURCES = "return performance.getEntriesByType('resource').map(e => e.name);"
+
+
+def test_published_copy_serves_cleanly_and_offline(driver, tmp_path):
+    """``make publish DEST=...`` then the page check on that copy: the first page and a widget
+    chapter load cleanly, and nothing they fetch comes from anywhere but the copy (no CDN)."""
+    _need_book()
+    dest = tmp_path / "site"
+    out = subprocess.run(
+        ["make", "--no-print-directory", "publish", f"DEST={dest}"], cwd=REPO, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (dest / "index.html").is_file() and (dest / ".nojekyll").is_file()
+    widget_pages = [p for p in PAGES if "application/vnd.jupyter.widget-state+json" in (dest / p).read_text()]
+    assert widget_pages, "no published page carries saved widget state"
+    with _serve(dest) as url:
+        for page in dict.fromkeys([PAGES[0], widget_pages[0]]):  # the TOC's root and a widget chapter
+            _check_page(page, url, driver, shot_prefix="published__")
+            fetched = driver.execute_script(_RESOURCES)
+            assert fetched, f"{page}: the browser reported no resources at all"
+            foreign = [r for r in fetched if not r.startswith(url)]
+            assert not foreign, f"{page}: the published copy fetched from outside itself: {foreign}"
+        assert any("/embed-amd.js" in r for r in fetched), f"{page}: the widget manager was not loaded"

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "copy a finished run's real logs, results and a video into logs/ and assets/",
     ),
     "logs": ("tutorial_utils.logs", "parse run logs and diagnose which stage failed"),
+    "lab": ("tutorial_utils.report.lab", "JupyterLab on the chapters (127.0.0.1, token file); `lab publish DIR`"),
 }
 
 
