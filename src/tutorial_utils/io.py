@@ -57,11 +57,13 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 def promote_text(src: str | os.PathLike, dest: str | os.PathLike) -> Path:
     """Copy a text file (a log, JSON) into the book's ``logs/``, atomically, with this
-    machine's paths made portable (:func:`tutorial_utils.paths.for_book`)."""
+    machine's paths made portable (:func:`tutorial_utils.paths.for_book`) and secrets masked
+    (:func:`tutorial_utils.secrets.redact`: ``logs/`` is tracked by git)."""
     from tutorial_utils.paths import for_book
+    from tutorial_utils.secrets import redact
 
     text = Path(src).read_text(encoding="utf-8", errors="surrogateescape")
-    return atomic_write_bytes(dest, for_book(text).encode("utf-8", errors="surrogateescape"))
+    return atomic_write_bytes(dest, redact(for_book(text)).encode("utf-8", errors="surrogateescape"))
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Path:

@@ -7,8 +7,16 @@ gives the run an id and a directory under ``runs/``, and leaves the run self-des
     runs/<run_id>/
       params.yaml      the parameters the job ran with (profile included)
       <job>.ipynb      the executed notebook (kept on failure, with the error in it)
-      job.log          the cells' output as it ran (secrets redacted)
-      status.json      state, wall time, error; success signs added by the job itself
+      job.log          the cells' output as it ran
+      status.json      state, wall time, error, a heartbeat (pid, host, updated); success
+                       signs added by the job itself
+
+Every file the runner writes is redacted as it is written (:func:`tutorial_utils.secrets.redact`):
+papermill saves the executed notebook through a redacting I/O handler, so even a runner killed
+mid-cell leaves no token on disk. Parameters are checked against the types of the
+``parameters`` cell's defaults; a ``--run-dir`` that already holds a run is refused. While a job
+runs, a thread refreshes the heartbeat every :data:`HEARTBEAT_S` seconds, so ``job list`` shows a
+run whose runner is gone (killed, machine rebooted) as ``stale`` instead of ``running`` forever.
 
 CLI: ``python -m tutorial_utils job run notebooks/jobs/X.md -p key value ...`` and
 ``python -m tutorial_utils job list``.
@@ -18,29 +26,43 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import logging
 import os
 import secrets as _secrets
+import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tutorial_utils import paths, profiles
+from tutorial_utils.errors import ConfigError
 from tutorial_utils.io import atomic_write_text
-from tutorial_utils.secrets import redact
+from tutorial_utils.secrets import redact, redact_data
 
 RUN_DIR_PARAM = "run_dir"
 STATUS_FILE = "status.json"
 PARAMS_FILE = "params.yaml"
+STATUS_LOCK = ".status.lock"
+#: Seconds between two heartbeats of a running job (``pid``, ``host``, ``updated`` in status.json).
+HEARTBEAT_S = 5.0
+#: A ``running`` job whose heartbeat is older than this (or whose runner process is gone) is ``stale``.
+STALE_AFTER_S = 60.0
 
 
 class JobError(RuntimeError):
     """A job could not start (bad notebook, parameters or run directory)."""
+
+
+class JobParameterError(JobError, ConfigError):
+    """A job parameter whose type differs from the type of its default in the ``parameters`` cell."""
 
 
 class JobFailed(RuntimeError):
@@ -69,12 +91,20 @@ def new_run_id(name: str) -> str:
     return f"{stamp}-{name}-{_secrets.token_hex(3)}"
 
 
+def holds_a_run(path: Path) -> list[str]:
+    """The run files (``params.yaml``, ``status.json``) already in ``path``."""
+    return [f for f in (PARAMS_FILE, STATUS_FILE) if (path / f).exists()]
+
+
 def ensure_run_dir(run_dir: str | os.PathLike | None, name: str) -> Path:
     """The run directory to use: ``run_dir`` if given, else a fresh ``runs/<run_id>``.
 
-    Fails clearly when the directory cannot be created or written.
+    Fails clearly when the directory cannot be created or written, or when it already holds a
+    run (a run is never overwritten, nor merged with another).
     """
     path = Path(run_dir) if run_dir else paths.RUNS / new_run_id(name)
+    if held := holds_a_run(path):
+        raise JobError(_already_a_run(path, held))
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write-probe-{os.getpid()}"
@@ -86,6 +116,23 @@ def ensure_run_dir(run_dir: str | os.PathLike | None, name: str) -> Path:
             f"--run-dir, or set TUTORIAL_RUNS_DIR to a folder on a disk you can write to."
         ) from None
     return path.resolve()
+
+
+def _already_a_run(path: Path, held: list[str]) -> str:
+    return (
+        f"run directory {path} already holds a run ({', '.join(held)}): a run directory is never reused, so "
+        f"the old run is neither overwritten nor mixed with a new one. Pass a new --run-dir, leave it out "
+        f"for a fresh runs/<run_id>, or use --reuse to get a finished run with the same parameters."
+    )
+
+
+def _claim_run_dir(path: Path) -> None:
+    """Create ``params.yaml`` exclusively: of two runners started on one directory, one wins."""
+    try:
+        fd = os.open(path / PARAMS_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise JobError(_already_a_run(path, holds_a_run(path) or [PARAMS_FILE])) from None
+    os.close(fd)
 
 
 # --- notebooks and their parameters -------------------------------------------------------------
@@ -153,6 +200,51 @@ def default_parameters(nb, profile: str | None = None) -> dict[str, Any]:
     return {k: ns[k] for k in names}
 
 
+def _type_name(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def _type_ok(value: Any, default: Any) -> bool:
+    """Whether ``value`` may replace ``default``: the same type; an int for a float; anything
+    for a ``None`` default ("no override"); ``None`` only where the default is ``None``."""
+    if default is None:
+        return True
+    if value is None:
+        return False
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, int):
+        return isinstance(value, int)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, type(default))
+
+
+def check_parameter_types(notebook: str, parameters: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Raise :class:`JobParameterError` naming every parameter whose value has the wrong type."""
+    bad = []
+    for name, value in parameters.items():
+        if name in defaults and not _type_ok(value, defaults[name]):
+            default = defaults[name]
+            want = "int or float" if isinstance(default, float) else _type_name(default)
+            bad.append(f"{name}={redact(repr(value))} is {_type_name(value)}, but its default {default!r} is {want}")
+    if bad:
+        raise JobParameterError(
+            f"{notebook}: wrong parameter type(s): {'; '.join(bad)}. Fix: pass a value of the default's type "
+            "(a whole number for an int, a number for a float, true/false for a bool); only a parameter whose "
+            "default is None takes None or any type."
+        )
+
+
+def cli_parameters(raw: list[tuple[str, str]], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``-p NAME VALUE`` pairs as values: YAML (``2``, ``2.5``, ``true``, ``null``, ``[1, 2]``),
+    except that a parameter whose default is a string keeps the text as written (``-p task_ids 0``
+    is the string ``"0"``)."""
+    return {k: v if isinstance(defaults.get(k), str) else _parse_value(v) for k, v in raw}
+
+
 def params_hash(job: str, parameters: dict[str, Any]) -> str:
     blob = json.dumps({"job": job, "parameters": parameters}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -171,16 +263,96 @@ def read_status(run_dir: str | os.PathLike) -> dict[str, Any]:
         return {}
 
 
+@contextlib.contextmanager
+def _status_lock(run_dir: Path) -> Iterator[None]:
+    """An exclusive lock around a read-merge-write of status.json: the runner's heartbeat and
+    the job's own updates (from the kernel, another process) never lose each other's fields."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / STATUS_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def update_status(run_dir: str | os.PathLike, **fields: Any) -> dict[str, Any]:
-    """Merge fields into ``status.json`` (atomically). Jobs use it to record success signs."""
-    status = read_status(run_dir)
-    for k, v in fields.items():
-        if isinstance(v, dict) and isinstance(status.get(k), dict):
-            status[k] = {**status[k], **v}
-        else:
-            status[k] = v
-    atomic_write_text(Path(run_dir) / STATUS_FILE, redact(json.dumps(status, indent=2, default=str)) + "\n")
+    """Merge fields into ``status.json`` (atomically, secrets redacted). Jobs use it to record
+    success signs."""
+    run_dir = Path(run_dir)
+    with _status_lock(run_dir):
+        status = read_status(run_dir)
+        for k, v in fields.items():
+            if isinstance(v, dict) and isinstance(status.get(k), dict):
+                status[k] = {**status[k], **v}
+            else:
+                status[k] = v
+        status = redact_data(json.loads(json.dumps(status, default=str)))
+        atomic_write_text(run_dir / STATUS_FILE, json.dumps(status, indent=2) + "\n")
     return status
+
+
+def heartbeat_fields() -> dict[str, Any]:
+    """What a running job's heartbeat writes: who runs it and when it was last seen alive."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "updated": _dt.datetime.now().isoformat(timespec="milliseconds"),
+    }
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed child its parent has not reaped yet is a zombie: gone all the same
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def run_state(status: dict[str, Any]) -> str | None:
+    """The state to show: ``status["state"]``, except a ``running`` job whose runner process is
+    gone (same host) or whose heartbeat is older than :data:`STALE_AFTER_S` is ``stale``."""
+    state = status.get("state")
+    if state != "running":
+        return state
+    pid = status.get("pid")
+    if status.get("host") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid):
+        return "stale"
+    try:
+        updated = _dt.datetime.fromisoformat(str(status["updated"]))
+    except (KeyError, ValueError):
+        return state
+    age = (_dt.datetime.now(updated.tzinfo) - updated).total_seconds()
+    return "stale" if age > STALE_AFTER_S else state
+
+
+class _Heartbeat:
+    """A daemon thread that refreshes the heartbeat in status.json every ``interval`` seconds."""
+
+    def __init__(self, run_dir: Path, interval: float):
+        self.run_dir, self.interval = run_dir, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="job-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(OSError):  # a full disk must not stop the job; the next beat retries
+                update_status(self.run_dir, **heartbeat_fields())
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
 
 
 def find_finished(job: str, parameters: dict[str, Any], runs_dir: Path | None = None) -> Path | None:
@@ -197,12 +369,18 @@ def find_finished(job: str, parameters: dict[str, Any], runs_dir: Path | None = 
 
 
 def list_runs(runs_dir: Path | None = None) -> list[dict[str, Any]]:
+    """One row per run: id, job, state (``stale`` for a running job whose runner is gone, see
+    :func:`run_state`), wall time, profile and the last heartbeat."""
     root = runs_dir or paths.RUNS
     rows = []
     for status_file in sorted(root.glob(f"*/{STATUS_FILE}")):
         st = read_status(status_file.parent)
         rows.append(
-            {"run_id": status_file.parent.name, **{k: st.get(k) for k in ("job", "state", "wall_s", "profile")}}
+            {
+                "run_id": status_file.parent.name,
+                **{k: st.get(k) for k in ("job", "state", "wall_s", "profile", "updated")},
+                "state": run_state(st),
+            }
         )
     return rows
 
@@ -237,6 +415,53 @@ def _redact_file(path: Path) -> None:
             atomic_write_text(path, clean)
 
 
+#: papermill output paths with this prefix are saved through :class:`_RedactingNotebookIO`.
+REDACT_SCHEME = "tutorial-redact:"
+
+
+class _RedactingNotebookIO:
+    """A papermill I/O handler: every save of the executed notebook (papermill saves after each
+    cell and during long ones) is redacted before it reaches the disk, and written atomically.
+    The on-disk notebook never holds a secret, even when the runner is killed mid-cell."""
+
+    @staticmethod
+    def _path(path: str) -> str:
+        return path[len(REDACT_SCHEME) :] if path.startswith(REDACT_SCHEME) else path
+
+    def read(self, path: str) -> str:
+        return Path(self._path(path)).read_text(encoding="utf-8")
+
+    def write(self, buf: str, path: str) -> None:
+        real = self._path(path)
+        try:
+            nb = json.loads(buf)
+        except ValueError:
+            text = redact(buf)
+        else:
+            nb = redact_data(nb)
+            meta = nb.get("metadata", {}).get("papermill")
+            if isinstance(meta, dict) and isinstance(meta.get("output_path"), str):
+                meta["output_path"] = self._path(meta["output_path"])
+            text = json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+        atomic_write_text(real, text)
+
+    def listdir(self, path: str) -> list[str]:
+        return [os.path.join(self._path(path), x) for x in os.listdir(self._path(path))]
+
+    def pretty_path(self, path: str) -> str:
+        return self._path(path)
+
+
+def _redacting_output(executed: Path) -> str:
+    """``executed`` as a papermill output path that saves through :class:`_RedactingNotebookIO`."""
+    from papermill.iorw import papermill_io
+
+    target = REDACT_SCHEME + os.fspath(executed)
+    if not isinstance(papermill_io.get_handler(target), _RedactingNotebookIO):
+        papermill_io.register(REDACT_SCHEME, _RedactingNotebookIO())
+    return target
+
+
 def run_notebook(
     path: str | os.PathLike,
     parameters: dict[str, Any] | None = None,
@@ -249,10 +474,11 @@ def run_notebook(
 ) -> RunResult:
     """Run a job notebook with papermill and leave a self-describing run directory.
 
-    ``parameters`` must be names declared in the notebook's ``parameters`` cell. With
-    ``reuse=True`` a finished successful run with the same parameters is returned instead of
-    running again. On failure raises :class:`JobFailed` naming the failing cell's error; the
-    executed notebook stays in the run directory for inspection.
+    ``parameters`` must be names declared in the notebook's ``parameters`` cell, with values of
+    their defaults' types (:func:`check_parameter_types`). With ``reuse=True`` a finished
+    successful run with the same parameters is returned instead of running again. ``run_dir``
+    must not hold a run already. On failure raises :class:`JobFailed` naming the failing cell's
+    error; the executed notebook stays in the run directory for inspection.
     """
     import papermill as pm
     import yaml
@@ -268,6 +494,11 @@ def run_notebook(
             f"{nb_path.name}: unknown parameter(s) {', '.join(unknown)}. "
             f"This job's parameters are: {', '.join(declared)}."
         )
+    try:
+        defaults = default_parameters(nb)
+    except Exception:  # a parameters cell that cannot run here: papermill will say so
+        defaults = {}
+    check_parameter_types(nb_path.name, parameters, defaults)
     profile = profiles.current()
     key_params = {"profile": profile, **parameters}
     if reuse:
@@ -279,6 +510,7 @@ def run_notebook(
             )
 
     rd = ensure_run_dir(run_dir, job)
+    _claim_run_dir(rd)
     run_id = rd.name
     if RUN_DIR_PARAM in declared:
         parameters[RUN_DIR_PARAM] = os.fspath(rd)
@@ -286,7 +518,8 @@ def run_notebook(
     atomic_write_text(
         rd / PARAMS_FILE,
         yaml.safe_dump(
-            {"job": job, "notebook": os.fspath(nb_path), "profile": profile, "parameters": parameters}, sort_keys=False
+            redact_data({"job": job, "notebook": os.fspath(nb_path), "profile": profile, "parameters": parameters}),
+            sort_keys=False,
         ),
     )
     started = time.time()
@@ -300,7 +533,7 @@ def run_notebook(
         params_hash=params_hash(job, key_params),
         state="running",
         started=_dt.datetime.now().isoformat(timespec="seconds"),
-        pid=os.getpid(),
+        **heartbeat_fields(),
     )
 
     handler = _RedactingHandler(rd / "job.log", echo)
@@ -309,15 +542,16 @@ def run_notebook(
     pm_logger.addHandler(handler)
     pm_logger.setLevel(logging.INFO)
     try:
-        pm.execute_notebook(
-            nb,
-            os.fspath(executed),
-            parameters=parameters,
-            kernel_name=kernel_name,
-            progress_bar=False,
-            log_output=True,
-            cwd=os.fspath(cwd or paths.REPO),
-        )
+        with _Heartbeat(rd, HEARTBEAT_S):
+            pm.execute_notebook(
+                nb,
+                _redacting_output(executed),
+                parameters=parameters,
+                kernel_name=kernel_name,
+                progress_bar=False,
+                log_output=True,
+                cwd=os.fspath(cwd or paths.REPO),
+            )
     except pm.PapermillExecutionError as exc:
         wall = time.time() - started
         _redact_file(executed)
@@ -390,15 +624,25 @@ def main(argv: list[str]) -> int:
 
     try:
         if args.cmd == "list":
-            for row in list_runs():
+            rows = list_runs()
+            for row in rows:
                 print(f"{row['run_id']:<50} {row['job'] or '?':<20} {row['state'] or '?':<10} {row['wall_s'] or '':>8}")
+            if any(r["state"] == "stale" for r in rows):
+                print(
+                    f"stale: the run's process is gone (killed, or the machine restarted) or its heartbeat is older "
+                    f"than {STALE_AFTER_S:.0f} s; its outputs are incomplete. Rerun the job into a new run directory."
+                )
             return 0
         if args.cmd == "params":
             nb = read_notebook(resolve_notebook(args.notebook))
             for k, v in default_parameters(nb).items():
                 print(f"{k} = {v!r}")
             return 0
-        params = {k: _parse_value(v) for k, v in args.parameter}
+        defaults: dict[str, Any] = {}
+        if args.parameter:
+            with contextlib.suppress(Exception):  # run_notebook reports a notebook it cannot read
+                defaults = default_parameters(read_notebook(resolve_notebook(args.notebook)))
+        params = cli_parameters(args.parameter, defaults)
         res = run_notebook(args.notebook, params, args.run_dir, reuse=args.reuse, echo=not args.quiet)
     except (JobError, JobFailed) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import paths
-from tutorial_utils.secrets import presence
+from tutorial_utils.secrets import presence, redact
 
 GB = 1024**3
 
@@ -286,12 +286,15 @@ def disk_plan(backend: str = "mini", locations: dict[str, Path] | None = None) -
 
 
 def _mask_url_credentials(value: str) -> str:
-    return re.sub(r"(://[^:/@\s]+):[^@/\s]+@", r"\1:***@", value)
+    """Passwords (``@`` and ``/`` in them included) and token user names masked, secret values
+    and token shapes anywhere in the value too; a plain user name stays, to tell proxies apart."""
+    return redact(value, keep_url_user=True)
 
 
 def hub_settings() -> dict[str, str]:
-    """``HF_*`` settings (values) and proxies (credentials masked); unset ones as ``unset``."""
-    out = {k: os.environ.get(k, "unset") for k in HUB_VARS}
+    """``HF_*`` settings and proxies, credentials masked (``HF_ENDPOINT`` can hold them too);
+    unset ones as ``unset``."""
+    out = {k: _mask_url_credentials(os.environ[k]) if k in os.environ else "unset" for k in HUB_VARS}
     for k in PROXY_VARS:
         if k in os.environ:
             out[k] = _mask_url_credentials(os.environ[k])

@@ -116,13 +116,55 @@ def make_zero(checkpoint: str | None = None, **kw: Any) -> Policy:
     return ZeroPolicy(**kw)
 
 
+class ObservationError(TutorialError, ValueError):
+    """A served observation a policy cannot use: a missing key, images that are not (H, W, 3)
+    uint8, a state that is not numbers or holds NaN/inf. The message names the key."""
+
+
 def observation_to_batch(obs: Mapping[str, Any]) -> dict[str, Any]:
-    """One served observation (openpi keys) -> a batch of one in LeRobot's key names."""
+    """One served observation (openpi keys) -> a batch of one in LeRobot's key names.
+
+    Refuses (:class:`ObservationError`, naming the key) what would otherwise come back as NaN
+    actions or a cast that silently wraps: a missing key, images that are not (H, W, 3) uint8,
+    a state that is not numeric or not finite.
+    """
     import numpy as np
 
+    if not isinstance(obs, Mapping):
+        raise ObservationError(f"an observation must be a map of {', '.join(OPENPI_KEYS)}, got {type(obs).__name__}")
+    missing = [k for k in (IMAGE_KEY, WRIST_KEY, STATE_KEY) if k not in obs]
+    if missing:
+        raise ObservationError(
+            f"observation has no {', '.join(missing)}: send the openpi LIBERO keys {', '.join(OPENPI_KEYS)}"
+        )
+    images = {}
+    for key in (IMAGE_KEY, WRIST_KEY):
+        img = np.asarray(obs[key])
+        if img.dtype != np.uint8:
+            raise ObservationError(
+                f"{key}: images must be uint8 (0..255), got dtype {img.dtype}. Send the camera frame as "
+                "uint8, e.g. np.clip(img * 255, 0, 255).astype(np.uint8) for a float image in 0..1"
+            )
+        if img.ndim != 3 or img.shape[-1] != 3:
+            raise ObservationError(f"{key}: images must be (H, W, 3) uint8, got shape {tuple(img.shape)}")
+        images[key] = img
+    raw = np.asarray(obs[STATE_KEY])
+    if raw.dtype.kind not in "biuf":
+        raise ObservationError(
+            f"{STATE_KEY}: the state must be {STATE_DIM} numbers (eef position, axis-angle, gripper "
+            f"qpos), got dtype {raw.dtype}"
+        )
+    state = raw.astype(np.float32).reshape(1, -1)
+    if not np.isfinite(state).all():
+        where = np.flatnonzero(~np.isfinite(state[0])).tolist()
+        raise ObservationError(
+            f"{STATE_KEY}: the state holds NaN or inf at index {where} ({state[0].tolist()}). A policy would "
+            "return NaN actions: check the robot state the client reads (a sensor that is not ready, a "
+            "division by zero in the axis-angle conversion)"
+        )
     return {
-        BATCH_IMAGE: np.asarray(obs[IMAGE_KEY], dtype=np.uint8)[None],
-        BATCH_WRIST: np.asarray(obs[WRIST_KEY], dtype=np.uint8)[None],
-        BATCH_STATE: np.asarray(obs[STATE_KEY], dtype=np.float32).reshape(1, -1),
+        BATCH_IMAGE: images[IMAGE_KEY][None],
+        BATCH_WRIST: images[WRIST_KEY][None],
+        BATCH_STATE: state,
         BATCH_TASK: [str(obs.get(PROMPT_KEY, ""))],
     }

@@ -17,6 +17,7 @@ from tutorial_utils import paths
 from tutorial_utils.data.format import read_info
 from tutorial_utils.evaluate.loop import RESULTS_FILE, SERVER_LOG, eval_log_name
 from tutorial_utils.io import atomic_write_bytes, atomic_write_json, promote_text
+from tutorial_utils.secrets import redact_data
 from tutorial_utils.sim.record import RecordError, read_manifest
 
 
@@ -208,7 +209,8 @@ def evaluation(
     for key, (src, dst) in targets.items():
         done[key] = promote_text(src, dst)
     # the book's copy names runs and checkpoints relative to the repository, not this machine's paths
-    done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", paths.for_book(results))
+    # ... and holds no secret (logs/ is tracked by git)
+    done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", redact_data(paths.for_book(results)))
     out_root = Path(results.get("config", {}).get("output_dir") or run)
     episodes = [ep for t in results.get("tasks", []) for ep in t.get("episodes", []) if ep.get("video")]
     videos = [ep["video"] for ep in episodes if ep.get("success")] + [

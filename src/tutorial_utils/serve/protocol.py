@@ -50,6 +50,7 @@ from tutorial_utils.policies.base import (
     STATE_KEY,
     WRIST_KEY,
 )
+from tutorial_utils.policies.base import ObservationError as PolicyObservationError
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -66,8 +67,9 @@ class ServingError(TutorialError, RuntimeError):
     """Base class of the serving errors."""
 
 
-class ObservationError(ServingError, ValueError):
-    """A request the policy cannot use (missing key, wrong shape or dtype)."""
+class ObservationError(ServingError, PolicyObservationError):
+    """A request the policy cannot use (missing key, wrong shape or dtype): the serving side of
+    :class:`tutorial_utils.policies.base.ObservationError`, so one ``except`` catches both."""
 
 
 class ServerError(ServingError):

@@ -24,10 +24,17 @@ uninterrupted run's. SIGINT/SIGTERM stop after the current step with a checkpoin
 plain Python or under ``accelerate launch --num_processes N`` (DDP; each rank reads its own
 slice of every global batch).
 
+One training process per run directory: the main process holds an exclusive lock on
+``output_dir/.train.lock`` for the whole run (a second process fails at once, naming the
+holder), and while holding it removes the temporary folders a killed checkpoint save left.
+The first non-finite loss stops the run with :class:`NonFiniteLoss` (step, loss parts, likely
+causes); the last good checkpoint stays as it was.
+
 CLI: ``python -m tutorial_utils train --dataset DIR --output-dir DIR key=value ...``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -43,16 +50,20 @@ from typing import Any
 import numpy as np
 
 from tutorial_utils import logs as L
-from tutorial_utils.errors import ConfigError
+from tutorial_utils.errors import ConfigError, TutorialError
 from tutorial_utils.io import atomic_dir, atomic_write_json, atomic_write_text, dir_size, human_bytes, read_jsonl
 from tutorial_utils.policies.base import BATCH_ACTION, BATCH_ACTION_IS_PAD
 from tutorial_utils.policies.normalize import STATS_FILE
 from tutorial_utils.train.checkpoints import (
+    LOCK_FILE,
     METRICS_FILE,
     TRAIN_STATE_FILE,
     TRAIN_STATE_JSON,
+    OutputDirInUse,
     find_last,
+    lock_output_dir,
     point_last,
+    remove_stale_temps,
     slow_save_hook,
     step_dir_name,
 )
@@ -69,6 +80,10 @@ from tutorial_utils.train.data import (
 LOG_FILE = "train.log"
 CONFIG_FILE = "train_config.json"
 SUMMARY_FILE = "summary.json"
+
+
+class NonFiniteLoss(TutorialError, FloatingPointError):
+    """A training step gave a NaN or infinite loss: the run stops there, with a diagnosis."""
 
 
 # --- learning-rate schedule --------------------------------------------------------------------
@@ -398,8 +413,14 @@ class _Setup:
 
 def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] | None = None) -> TrainResult:
     """Train the policy family ``cfg.policy`` as ``cfg`` says. ``source`` (an ``ArraySource``)
-    replaces ``cfg.dataset`` (tests, benchmarks). Returns what happened; writes the run directory."""
-    s = _prepare(cfg, source)
+    replaces ``cfg.dataset`` (tests, benchmarks). Returns what happened; writes the run directory.
+    Holds the run directory's lock until it returns or raises."""
+    with contextlib.ExitStack() as held:
+        return _train(cfg, source, on_step, held)
+
+
+def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack) -> TrainResult:
+    s = _prepare(cfg, source, held)
     out, acc, main = Path(cfg.output_dir), s.acc, s.acc.is_main_process
     step, stopped_by, time_limited, last_val = s.start_step, None, False, {}
 
@@ -504,6 +525,8 @@ def _steps(cfg: TrainConfig, s: _Setup, t_start: float, stop: StopSignals, on_st
             k: float(acc.reduce(v.detach(), reduction="mean").item()) if world > 1 else float(v.item())
             for k, v in parts.items()
         }
+        if not all(math.isfinite(v) for v in values.values()):  # the same reduced values on every rank
+            _non_finite(cfg, s, step, values)
         s.run_log.step(step, values, lr, float(gn), t1 - t0, time.perf_counter() - t0)
         if on_step:
             on_step(step, values["total_loss"])
@@ -530,8 +553,57 @@ def _steps(cfg: TrainConfig, s: _Setup, t_start: float, stop: StopSignals, on_st
         yield step, None, False
 
 
-def _prepare(cfg: TrainConfig, source) -> _Setup:
-    """Accelerate, the run directory, the data, the model, the optimiser, and a resume."""
+def _non_finite(cfg: TrainConfig, s: _Setup, step: int, values: dict[str, float]) -> None:
+    """Log the ``TRAIN_NONFINITE_LOSS`` line and raise :class:`NonFiniteLoss` with a diagnosis.
+    Nothing of this step is saved: ``checkpoints/last`` stays the last good checkpoint."""
+    last = find_last(s.ckpt.root) if s.ckpt.root.is_dir() else None
+    shown = {k: round(v, 6) if math.isfinite(v) else v for k, v in values.items()}
+    s.run_log(L.TRAIN_NONFINITE_LOSS.format(step=step, losses=shown, path=last or "none"))
+    bad = ", ".join(k for k, v in values.items() if not math.isfinite(v))
+    dataset = cfg.dataset or "DATASET"
+    raise NonFiniteLoss(
+        f"{cfg.output_dir}: the loss became non-finite at step {step} ({bad}; loss parts {shown}). Training "
+        f"stopped; nothing of this step was saved, and the last good checkpoint is "
+        f"{last or 'none (no checkpoint was saved before this step)'}. Likely causes: NaN or inf in the data "
+        f"(check it with `python -m tutorial_utils dataset validate --deep {dataset}`, and recompute its "
+        f"statistics), or a learning rate too high (optimizer_lr={cfg.optimizer_lr}: lower it, lengthen "
+        f"scheduler_warmup_steps={cfg.scheduler_warmup_steps}, keep optimizer_grad_clip_norm="
+        f"{cfg.optimizer_grad_clip_norm} above 0). After the fix, continue from the last checkpoint with "
+        f"resume=true, or start again in a new output_dir."
+    )
+
+
+def _lock(out: Path, acc, main: bool, held: contextlib.ExitStack) -> None:
+    """The main process takes the run directory's lock (held until ``held`` closes); every rank
+    learns whether it got it, so a refused launch stops on all ranks instead of hanging."""
+    import torch
+
+    refused: OutputDirInUse | None = None
+    if main:
+        try:
+            held.callback(os.close, lock_output_dir(out))
+        except OutputDirInUse as exc:
+            refused = exc
+    if acc.num_processes > 1:
+        flag = acc.reduce(torch.tensor([1.0 if refused else 0.0], device=acc.device), reduction="sum")
+        if refused is None and float(flag[0]) > 0:
+            raise OutputDirInUse(
+                f"{out} is in use by another training process (the main process of this launch could not take "
+                f"its lock, {out / LOCK_FILE}; its error names the holder)."
+            )
+    if refused is not None:
+        raise refused
+    if main:
+        stale = remove_stale_temps(out / "checkpoints")
+        if stale:
+            print(
+                f"removed {len(stale)} unfinished checkpoint folder(s) left by an interrupted save: {', '.join(stale)}",
+                file=sys.stderr,
+            )
+
+
+def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
+    """Accelerate, the run directory and its lock, the data, the model, the optimiser, and a resume."""
     import torch
     from accelerate import Accelerator
 
@@ -561,6 +633,7 @@ def _prepare(cfg: TrainConfig, source) -> _Setup:
         )
     if main:
         out.mkdir(parents=True, exist_ok=True)
+    _lock(out, acc, main, held)
     run_id = cfg.run_id or out.name
 
     # data
