@@ -13,6 +13,7 @@ import traceback
 import numpy as np
 import pytest
 
+from helpers import openpi_observation
 from tutorial_utils import logs
 from tutorial_utils.policies import available, make_policy
 from tutorial_utils.policies.base import PolicyUnavailable, ZeroPolicy
@@ -29,16 +30,6 @@ from tutorial_utils.serve.protocol import (
 )
 from tutorial_utils.serve.server import HandlerThread, ServerThread, free_port
 from tutorial_utils.serve.wire import packb, unpackb
-
-
-def _obs(size: int = 224) -> dict:
-    rng = np.random.default_rng(0)
-    return {
-        "observation/image": rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
-        "observation/wrist_image": rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
-        "observation/state": rng.normal(size=8).astype(np.float32),
-        "prompt": "pick up the black bowl and place it on the plate",
-    }
 
 
 @pytest.fixture(scope="module")
@@ -92,12 +83,12 @@ def test_openpi_client_drives_our_server(server):
 
     client = WebsocketClientPolicy("127.0.0.1", server.port)
     assert client.get_server_metadata()["action_horizon"] == 8
-    reply = client.infer(_obs())
+    reply = client.infer(openpi_observation())
     assert reply["actions"].shape == (8, 7) and reply["actions"].dtype == np.float32
     assert reply["server_timing"]["infer_ms"] >= 0
     with pytest.raises(RuntimeError, match="observation/image"):
         client.infer({"prompt": "x"})
-    assert client.infer(_obs())["actions"].shape == (8, 7)  # keeps serving after an error
+    assert client.infer(openpi_observation())["actions"].shape == (8, 7)  # keeps serving after an error
 
 
 async def _openpi_style_handler(ws):
@@ -119,7 +110,7 @@ def test_our_client_drives_openpi_style_server():
     with HandlerThread(_openpi_style_handler) as srv:
         with PolicyClient(port=srv.port, connect_timeout=5) as client:
             assert client.metadata == {"server": "openpi-style"}
-            reply = client.infer(_obs())
+            reply = client.infer(openpi_observation())
             np.testing.assert_array_equal(reply["actions"], np.full((5, 7), 8, np.float32))
             with pytest.raises(ServerError, match="KeyError") as ei:
                 client.infer({"prompt": "no state"})
@@ -130,19 +121,19 @@ def test_our_client_drives_openpi_style_server():
 
 def test_dit4dit_examples_request(server):
     with PolicyClient(port=server.port, protocol="dit4dit") as client:
-        reply = client.infer(_obs())
+        reply = client.infer(openpi_observation())
     assert reply["data"]["normalized_actions"].shape == (1, 8, 8)
     assert reply_actions(reply).shape == (8, 7)
-    obs = to_policy_observation(to_request(_obs(), "dit4dit"), 224)
-    np.testing.assert_allclose(obs["observation/state"], _obs()["observation/state"], atol=1e-5)
-    np.testing.assert_array_equal(obs["observation/wrist_image"], _obs()["observation/wrist_image"])
+    obs = to_policy_observation(to_request(openpi_observation(), "dit4dit"), 224)
+    np.testing.assert_allclose(obs["observation/state"], openpi_observation()["observation/state"], atol=1e-5)
+    np.testing.assert_array_equal(obs["observation/wrist_image"], openpi_observation()["observation/wrist_image"])
 
 
 def test_infer_in_thread():
     with ServerThread(ZeroPolicy(horizon=4)) as srv:
         srv.server.infer_in_thread = True
         with PolicyClient(port=srv.port) as client:
-            assert client.infer(_obs())["actions"].shape == (4, 7)
+            assert client.infer(openpi_observation())["actions"].shape == (4, 7)
 
 
 def test_healthz(server):
@@ -162,12 +153,12 @@ def test_malformed_msgpack_gets_error_and_server_keeps_serving(server):
         err = ws.recv(timeout=5)
         assert isinstance(err, str) and err.startswith("WireError: ") and "not valid msgpack" in err
         assert "Traceback" not in err and ".py" not in err  # type and message only (no --debug)
-        ws.send(packb(_obs()))
+        ws.send(packb(openpi_observation()))
         assert unpackb(ws.recv(timeout=5))["actions"].shape == (8, 7)
 
 
 def test_missing_observation_key(server):
-    obs = _obs()
+    obs = openpi_observation()
     del obs["observation/wrist_image"]
     with PolicyClient(port=server.port) as client:
         with pytest.raises(
@@ -178,7 +169,7 @@ def test_missing_observation_key(server):
 
 
 def test_wrong_image_shape(server):
-    obs = _obs()
+    obs = openpi_observation()
     obs["observation/image"] = np.zeros((128, 96, 3), np.uint8)  # any size is resized to the policy's
     with PolicyClient(port=server.port) as client:
         assert client.infer(obs)["actions"].shape == (8, 7)
@@ -188,7 +179,7 @@ def test_wrong_image_shape(server):
         obs["observation/image"] = np.zeros((224, 224, 3), np.float32)
         with pytest.raises(ServerError, match=r"observation/image.*uint8"):
             client.infer(obs)
-        assert client.infer(_obs())["actions"].shape == (8, 7)
+        assert client.infer(openpi_observation())["actions"].shape == (8, 7)
 
 
 class DatasetGripperPolicy(ZeroPolicy):
@@ -222,7 +213,7 @@ def test_openpi_request_resized_and_answered_in_env_convention():
     from tutorial_utils.data.libero_schema import dataset_action_to_env
 
     pol = DatasetGripperPolicy()
-    obs = _obs(224)
+    obs = openpi_observation(224)
     with ServerThread(pol) as srv:
         client = WebsocketClientPolicy("127.0.0.1", srv.port)
         meta = client.get_server_metadata()
@@ -259,13 +250,13 @@ def test_server_killed_mid_evaluation(tmp_path):
     proc = _start_cli_server(port, tmp_path / "server.log")
     try:
         client = PolicyClient(port=port, connect_timeout=30, recv_timeout=10)
-        assert client.infer(_obs())["actions"].shape == (8, 7)
+        assert client.infer(openpi_observation())["actions"].shape == (8, 7)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         t0 = time.monotonic()
         with pytest.raises(ServerDied, match="closed the connection"):
             for _ in range(3):
-                client.infer(_obs())
+                client.infer(openpi_observation())
         assert time.monotonic() - t0 < 5
     finally:
         proc.kill()
@@ -288,7 +279,7 @@ def test_server_stuck_times_out():
         port = srv.socket.getsockname()[1]
         client = PolicyClient(port=port, recv_timeout=0.5)
         with pytest.raises(ServerDied, match="did not answer within"):
-            client.infer(_obs())
+            client.infer(openpi_observation())
         srv.shutdown()
 
 
@@ -319,7 +310,7 @@ def test_client_started_before_server(tmp_path):
     def connect():
         try:
             c = PolicyClient(port=port, connect_timeout=30, retry_interval=0.2)
-            result["reply"] = c.infer(_obs())
+            result["reply"] = c.infer(openpi_observation())
             c.close()
         except Exception as exc:  # reported below
             result["error"] = exc
@@ -361,7 +352,7 @@ def test_expert_without_privileged_state_is_refused(server):
     with ServerThread(ExpertPolicy()) as srv, PolicyClient(port=srv.port) as client:
         assert client.metadata["needs_privileged"] is True
         with pytest.raises(ServerError, match="privileged"):
-            client.infer(_obs())
+            client.infer(openpi_observation())
 
 
 def test_expert_policy_fresh_controller_per_episode(monkeypatch):
@@ -413,7 +404,10 @@ def test_mini_policy_served_from_a_checkpoint(tmp_path):
         md = client.metadata
         assert md["policy"] == "mini" and md["image_size"] == 32 and not md["needs_privileged"]
         assert md["gripper"] == "robosuite" and md["policy_gripper"] == "dataset"  # the server flips for openpi
-        reply = client.infer(_obs(32))
+        reply = client.infer(openpi_observation(32))
         assert reply["actions"].shape == (md["action_horizon"], 7)
         assert set(np.unique(reply["actions"][:, 6])) <= {-1.0, 1.0}
-        assert client.infer(_obs(224))["actions"].shape == (md["action_horizon"], 7)  # resized by the server
+        assert client.infer(openpi_observation(224))["actions"].shape == (
+            md["action_horizon"],
+            7,
+        )  # resized by the server

@@ -9,13 +9,13 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from helpers import wait_for
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.logs import parse_train_log
 from tutorial_utils.policies import load as load_policy
@@ -323,17 +323,6 @@ def _script(tmp_path) -> Path:
     return p
 
 
-def _wait_for(pred, timeout=60.0, proc=None):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if pred():
-            return True
-        if proc is not None and proc.poll() is not None:
-            return pred()
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.slow
 def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path):
     out = tmp_path / "run"
@@ -350,7 +339,7 @@ def test_sigterm_stops_cleanly_with_a_checkpoint(tmp_path):
         [PY, str(_script(tmp_path)), json.dumps(kv)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        assert _wait_for(
+        assert wait_for(
             lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").stat().st_size > 0, proc=proc
         )
         proc.send_signal(signal.SIGTERM)
@@ -382,8 +371,8 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_last(tmp_path, sour
     )
     ck = out / "checkpoints"
     try:
-        assert _wait_for(lambda: (ck / "last").exists(), proc=proc)  # the first save is complete
-        assert _wait_for(
+        assert wait_for(lambda: (ck / "last").exists(), proc=proc)  # the first save is complete
+        assert wait_for(
             lambda: any(p.name.startswith(".step_000004") for p in ck.iterdir()), proc=proc
         )  # second one mid-write
         proc.send_signal(signal.SIGKILL)
@@ -460,7 +449,7 @@ def test_sigterm_under_accelerate_stops_both_processes_at_the_same_step_with_a_c
     )
     try:
         metrics = out / "metrics.jsonl"
-        assert _wait_for(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 3, timeout=180, proc=proc)
+        assert wait_for(lambda: metrics.is_file() and metrics.read_text().count("\n") >= 3, timeout=180, proc=proc)
         proc.send_signal(signal.SIGTERM)
         stdout, _ = proc.communicate(timeout=120)
     finally:

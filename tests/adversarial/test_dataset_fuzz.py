@@ -17,15 +17,15 @@ file on a 2-core machine); explore more with
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import fuzz_settings
 from tutorial_utils.data import stats as dstats
 from tutorial_utils.data.format import REQUIRED_INFO_KEYS, LeRobotDataset, LeRobotWriter
 from tutorial_utils.data.libero_schema import LIBERO_FPS, libero_features
@@ -33,15 +33,7 @@ from tutorial_utils.data.modality import build_modality, validate_modality
 from tutorial_utils.data.synth import generate_dataset
 from tutorial_utils.errors import TutorialError
 
-EXAMPLES = int(os.environ.get("TUTORIAL_FUZZ_EXAMPLES", "80"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,  # nothing written into the repository
-    derandomize=True,
-    print_blob=True,
-    suppress_health_check=list(HealthCheck),
-)
+FUZZ = fuzz_settings(80)
 META_FILES = ("info.json", "episodes.jsonl", "tasks.jsonl", "episodes_stats.jsonl", "stats.json", "modality.json")
 
 # --- strategies ---------------------------------------------------------------------------------

@@ -15,12 +15,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import write_notebook
+from helpers import wait_for
 from tutorial_utils import jobs
 from tutorial_utils.errors import ConfigError, TutorialError
 
@@ -34,17 +34,6 @@ def typed_nb(tmp_path):
         [("code", "from pathlib import Path\nPath(run_dir, 'out.txt').write_text(repr((x, rate, name, flag, limit)))")],
         params=PARAMS,
     )
-
-
-def _wait_for(pred, timeout: float = 90.0, proc=None) -> bool:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if pred():
-            return True
-        if proc is not None and proc.poll() is not None:
-            return pred()
-        time.sleep(0.1)
-    return False
 
 
 # --- parameter types ------------------------------------------------------------------------------
@@ -175,7 +164,7 @@ def test_sigkilled_runner_shows_as_stale(tmp_path):
         start_new_session=True,
     )
     try:
-        assert _wait_for(lambda: runs.is_dir() and any(runs.glob("*/sleepy.ipynb")), proc=proc)
+        assert wait_for(lambda: runs.is_dir() and any(runs.glob("*/sleepy.ipynb")), proc=proc)
         run = next(runs.iterdir())
         st = jobs.read_status(run)
         assert st["state"] == "running" and st["pid"] == proc.pid and {"host", "updated"} <= set(st)

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from conftest import write_notebook
+from helpers import wait_for
 from tutorial_utils import jobs, logs, machine, secrets
 from tutorial_utils.io import promote_text
 
@@ -29,17 +30,6 @@ PROXY_PASS = "pr0xy@pa/ss"
 
 def _all_text(folder: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file())
-
-
-def _wait_for(pred, timeout: float = 90.0, proc=None) -> bool:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if pred():
-            return True
-        if proc is not None and proc.poll() is not None:
-            return pred()
-        time.sleep(0.1)
-    return False
 
 
 # --- redact() -------------------------------------------------------------------------------------
@@ -156,7 +146,7 @@ def test_killed_runner_leaves_no_raw_token_on_disk_or_stdout(tmp_path):
     executed = run / "leaky.ipynb"
     try:
         # papermill saved the notebook after the leaky cells ran; the runner is still going
-        assert _wait_for(
+        assert wait_for(
             lambda: executed.is_file() and "token is" in executed.read_text() and "note" in jobs.read_status(run),
             proc=proc,
         ), out.read_text()

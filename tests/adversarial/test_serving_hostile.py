@@ -18,12 +18,17 @@ import msgpack
 import numpy as np
 import pytest
 
+from helpers import openpi_observation
+
 HERE = Path(__file__).resolve()
 
 
 def run_isolated(func: str, timeout: float = 60) -> str:
     """Run this module's ``func()`` in a child Python; a crash or a hang fails the calling test."""
-    code = f"import runpy; runpy.run_path({str(HERE)!r}, run_name='isolated')[{func!r}]()"
+    code = (  # tests/ on the path, as pytest has it, for `helpers`
+        f"import sys; sys.path.insert(0, {str(HERE.parents[1])!r}); import runpy; "
+        f"runpy.run_path({str(HERE)!r}, run_name='isolated')[{func!r}]()"
+    )
     try:
         proc = subprocess.run(
             [sys.executable, "-X", "faulthandler", "-c", code], capture_output=True, text=True, timeout=timeout
@@ -37,16 +42,6 @@ def run_isolated(func: str, timeout: float = 60) -> str:
         )
     assert proc.returncode == 0, f"{func} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
-
-
-def _obs(size: int = 224) -> dict:
-    rng = np.random.default_rng(0)
-    return {
-        "observation/image": rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
-        "observation/wrist_image": rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
-        "observation/state": rng.normal(size=8).astype(np.float32),
-        "prompt": "pick up the black bowl and place it on the plate",
-    }
 
 
 def _ndmap(dtype, data: bytes = b"\x01" * 64, shape=(8,), marker=b"__ndarray__") -> dict:
@@ -122,10 +117,10 @@ def child_server_survives_object_dtype_request() -> None:
         with connect(f"ws://127.0.0.1:{srv.port}", compression=None, max_size=None, proxy=None) as ws:
             unpackb(ws.recv(timeout=5))
             for dtype in ("|O", "|V8", "(2,)<f4", [["a", "|O"]]):
-                ws.send(_raw({**_obs(32), "observation/state": _ndmap(dtype)}))
+                ws.send(_raw({**openpi_observation(32), "observation/state": _ndmap(dtype)}))
                 err = ws.recv(timeout=5)
                 assert isinstance(err, str) and "WireError" in err and "observation/state" in err, err
-            ws.send(packb(_obs(32)))
+            ws.send(packb(openpi_observation(32)))
             assert unpackb(ws.recv(timeout=5))["actions"].shape == (8, 7)  # still serving
     print("OK")
 
@@ -155,7 +150,7 @@ def child_client_refuses_crafted_reply() -> None:
     with HandlerThread(hostile) as srv, PolicyClient(port=srv.port, connect_timeout=5) as client:
         for pad in range(3):
             try:
-                client.infer({**_obs(8), "prompt": "x" * pad})
+                client.infer({**openpi_observation(8), "prompt": "x" * pad})
             except WireError as exc:
                 assert "actions" in str(exc), str(exc)
             else:
@@ -263,7 +258,7 @@ def test_default_frame_limit_fits_openpi_libero_requests():
     from tutorial_utils.serve.server import PolicyServer
     from tutorial_utils.serve.wire import packb
 
-    libero = len(packb(_obs(224)))  # 2 x 224x224x3 uint8 + state + prompt
+    libero = len(packb(openpi_observation(224)))  # 2 x 224x224x3 uint8 + state + prompt
     assert DEFAULT_MAX_FRAME_BYTES >= 16 * libero  # headroom for bigger cameras and extra keys
     assert PolicyServer(ZeroPolicy()).max_frame_bytes == DEFAULT_MAX_FRAME_BYTES
     with pytest.raises(ValueError, match="max_frame_bytes"):
@@ -291,11 +286,11 @@ def test_oversized_frame_is_refused_with_1009_and_server_keeps_serving():
         assert close is not None and close.code == 1009, ei.value
         assert "exceeds limit" in close.reason or "too big" in close.reason, close.reason
         with PolicyClient(port=srv.port, connect_timeout=5) as client:
-            assert client.infer(_obs(224))["actions"].shape == (8, 7)  # a LIBERO request fits in 1 MiB
+            assert client.infer(openpi_observation(224))["actions"].shape == (8, 7)  # a LIBERO request fits in 1 MiB
             with pytest.raises(ServerDied, match="frame limit.*max-frame-mb"):
-                client.infer(_obs(1024))  # 6 MiB
+                client.infer(openpi_observation(1024))  # 6 MiB
         with PolicyClient(port=srv.port, connect_timeout=5) as client:  # the next client is served
-            assert client.infer(_obs(224))["actions"].shape == (8, 7)
+            assert client.infer(openpi_observation(224))["actions"].shape == (8, 7)
 
 
 class _LeakyPolicy:
@@ -326,7 +321,7 @@ def test_error_reply_has_no_traceback_and_no_paths(tmp_path, caplog):
             unpackb(ws.recv(timeout=5))
             ws.send(packb({"prompt": "x"}))
             bad = ws.recv(timeout=5)
-            ws.send(packb(_obs(32)))
+            ws.send(packb(openpi_observation(32)))
             leaky = ws.recv(timeout=5)
         for text in (bad, leaky):
             assert isinstance(text, str)
@@ -336,7 +331,7 @@ def test_error_reply_has_no_traceback_and_no_paths(tmp_path, caplog):
         assert leaky.startswith("RuntimeError: could not read ") and "weights.bin" in leaky, leaky
         with PolicyClient(port=srv.port, connect_timeout=5) as client:
             with pytest.raises(ServerError, match="RuntimeError: could not read") as ei:
-                client.infer(_obs(32))
+                client.infer(openpi_observation(32))
             assert ei.value.server_traceback is None and "Traceback" not in str(ei.value)
     logged = [r for r in caplog.records if r.exc_info]
     assert logged, "the server log keeps the full traceback"
@@ -351,7 +346,7 @@ def test_debug_server_sends_the_traceback(tmp_path):
     with ServerThread(_LeakyPolicy(str(tmp_path)), debug=True) as srv:
         with PolicyClient(port=srv.port, connect_timeout=5) as client:
             with pytest.raises(ServerError, match="RuntimeError: could not read") as ei:
-                client.infer(_obs(32))
+                client.infer(openpi_observation(32))
     tb = ei.value.server_traceback
     assert tb and tb.startswith("Traceback (most recent call last)") and "server.py" in tb
     assert "--- server traceback ---" in str(ei.value)
@@ -415,7 +410,7 @@ def test_non_numeric_state_names_the_key(state):
     from tutorial_utils.serve.protocol import ObservationError, to_policy_observation
 
     with pytest.raises(ObservationError, match="observation/state"):
-        to_policy_observation({**_obs(16), "observation/state": state}, 16)
+        to_policy_observation({**openpi_observation(16), "observation/state": state}, 16)
 
 
 def test_non_finite_state_is_refused():
@@ -425,7 +420,7 @@ def test_non_finite_state_is_refused():
         state = np.zeros(8, np.float32)
         state[3] = bad
         with pytest.raises(ObservationError, match=r"observation/state.*finite"):
-            to_policy_observation({**_obs(16), "observation/state": state}, 16)
+            to_policy_observation({**openpi_observation(16), "observation/state": state}, 16)
 
 
 def test_string_state_over_the_wire_names_the_key():
@@ -436,8 +431,8 @@ def test_string_state_over_the_wire_names_the_key():
 
     with ServerThread(ZeroPolicy(image_size=16)) as srv, PolicyClient(port=srv.port) as client:
         with pytest.raises(ServerError, match=r"ObservationError: request key 'observation/state'"):
-            client.infer({**_obs(16), "observation/state": "abc"})
-        assert client.infer(_obs(16))["actions"].shape == (8, 7)
+            client.infer({**openpi_observation(16), "observation/state": "abc"})
+        assert client.infer(openpi_observation(16))["actions"].shape == (8, 7)
 
 
 def test_dit4dit_request_with_no_images_names_the_key():

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import wait_for
 from tutorial_utils import policies
 from tutorial_utils.errors import TutorialError
 from tutorial_utils.policies.base import ObservationError, observation_to_batch
@@ -75,17 +76,6 @@ def _victim(tmp_path: Path, kv: dict, env: dict | None = None) -> subprocess.Pop
     )
 
 
-def _wait_for(pred, timeout: float = 90.0, proc=None) -> bool:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if pred():
-            return True
-        if proc is not None and proc.poll() is not None:
-            return pred()
-        time.sleep(0.05)
-    return False
-
-
 def _kill_9(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGKILL)
@@ -101,7 +91,7 @@ def test_a_second_training_process_on_one_output_dir_fails_at_once_naming_the_ho
     proc = _victim(tmp_path, kv)
     metrics = out / "metrics.jsonl"
     try:
-        assert _wait_for(lambda: metrics.is_file() and metrics.stat().st_size > 0, proc=proc)
+        assert wait_for(lambda: metrics.is_file() and metrics.stat().st_size > 0, proc=proc)
         t0 = time.time()
         with pytest.raises(OutputDirInUse, match=rf"in use by another training process \(pid {proc.pid} on ") as info:
             train(_cfg(out, steps=4, resume=True), source=source)
@@ -171,8 +161,8 @@ def test_resume_removes_the_temp_folder_a_kill_9_left_mid_save(tmp_path, source)
     kv = {**TINY, "output_dir": str(out), "steps": 100_000, "log_freq": 0, "save_freq": 2}
     proc = _victim(tmp_path, kv, {"TUTORIAL_TRAIN_SAVE_DELAY": "1.0"})
     try:
-        assert _wait_for(lambda: (ck / "last").exists(), proc=proc)  # step 2 saved
-        assert _wait_for(lambda: any(p.name.startswith(".step_000004.tmp-") for p in ck.iterdir()), proc=proc)
+        assert wait_for(lambda: (ck / "last").exists(), proc=proc)  # step 2 saved
+        assert wait_for(lambda: any(p.name.startswith(".step_000004.tmp-") for p in ck.iterdir()), proc=proc)
         # a second process must not touch the live run's save in progress
         with pytest.raises(OutputDirInUse):
             train(_cfg(out, steps=4, resume=True), source=source)

@@ -19,19 +19,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers import fuzz_settings
+
 HERE = Path(__file__).resolve()
-EXAMPLES = int(os.environ.get("TUTORIAL_FUZZ_EXAMPLES", "150"))
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,  # nothing written into the repository
-    derandomize=True,
-    print_blob=True,
-    suppress_health_check=list(HealthCheck),
-)
+FUZZ = fuzz_settings(150)
 
 # --- strategies ---------------------------------------------------------------------------------
 
@@ -246,7 +240,10 @@ def fuzz_mutated_requests(data):
 
 def run_isolated(func: str, tmp_path: Path, timeout: float = 120) -> None:
     """Run this module's ``func()`` in a child Python; a crash, a hang or a foreign exception fails."""
-    code = f"import runpy; runpy.run_path({str(HERE)!r}, run_name='fuzz')[{func!r}]()"
+    code = (  # tests/ on the path, as pytest has it, for `helpers`
+        f"import sys; sys.path.insert(0, {str(HERE.parents[1])!r}); import runpy; "
+        f"runpy.run_path({str(HERE)!r}, run_name='fuzz')[{func!r}]()"
+    )
     env = {**os.environ, "HYPOTHESIS_STORAGE_DIRECTORY": str(tmp_path / ".hypothesis")}
     try:
         proc = subprocess.run(

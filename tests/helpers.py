@@ -1,0 +1,47 @@
+"""Small helpers shared by the test modules (importable as ``helpers``: pytest puts tests/ on
+sys.path for the modules here and in tests/adversarial/)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def wait_for(pred, timeout: float = 60.0, proc=None, interval: float = 0.05) -> bool:
+    """Poll ``pred()`` until it is true or ``timeout`` s pass; stop early when ``proc`` exits."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pred():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return pred()
+        time.sleep(interval)
+    return False
+
+
+def openpi_observation(size: int = 224) -> dict:
+    """One openpi LIBERO request (seeded): two size x size uint8 images, an 8-D state, a prompt."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    return {
+        "observation/image": rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
+        "observation/wrist_image": rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
+        "observation/state": rng.normal(size=8).astype(np.float32),
+        "prompt": "pick up the black bowl and place it on the plate",
+    }
+
+
+def fuzz_settings(default_examples: int):
+    """hypothesis settings for the bounded CI fuzzers (``TUTORIAL_FUZZ_EXAMPLES`` raises the count
+    for a deeper local run); nothing is written into the repository."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=int(os.environ.get("TUTORIAL_FUZZ_EXAMPLES", str(default_examples))),
+        deadline=None,
+        database=None,
+        derandomize=True,
+        print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
