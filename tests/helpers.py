@@ -6,6 +6,19 @@ from __future__ import annotations
 import os
 import time
 
+#: the smallest mini-policy training run the tests use (parameters of TrainConfig and the mini family)
+TINY_MINI = dict(
+    image_size=32,
+    model_dim=32,
+    num_heads=2,
+    action_depth=1,
+    language_layers=0,
+    num_workers=0,
+    scheduler_warmup_steps=2,
+    progress=False,
+    val_samples=16,
+)
+
 
 def wait_for(pred, timeout: float = 60.0, proc=None, interval: float = 0.05) -> bool:
     """Poll ``pred()`` until it is true or ``timeout`` s pass; stop early when ``proc`` exits."""

@@ -174,3 +174,27 @@ def test_mlp_end_to_end_train_job_serve_and_one_libero_episode(tmp_path):
     meta = out.results["policy"]  # what the server announced: actions already in the env convention
     assert meta["policy"] == "mlp" and meta["gripper"] == "robosuite" and meta["policy_gripper"] == "dataset"
     assert out.results["tasks"][0]["episodes"][0]["steps"] == 16  # an untrained baseline does not solve it
+
+
+def test_job_clis_are_generated_from_their_configs(capsys):
+    from tutorial_utils.evaluate.loop import EvalConfig
+    from tutorial_utils.sim.record import RecordConfig
+
+    for cls in (EvalConfig, RecordConfig):
+        assert params.parse_cli(cls, ["--list-params"], "prog", "d") is None
+        table = capsys.readouterr().out
+        assert all(f"`{f.name}`" in table for f in dataclasses.fields(cls))
+    cfg = params.parse_cli(EvalConfig, ["--task-ids", "0-2", "--max-steps", "none", "--videos", "false"], "p", "d")
+    assert cfg.task_list == [0, 1, 2] and cfg.max_steps is None and cfg.videos is False
+    with pytest.raises(SystemExit) as exit_info:
+        params.parse_cli(RecordConfig, ["--episodes-per-task", "2.5"], "p", "d")
+    assert exit_info.value.code == 2 and "episodes_per_task='2.5': expected int" in capsys.readouterr().err
+
+
+def test_the_eval_client_reads_its_config_from_the_json_the_chain_writes(tmp_path):
+    from tutorial_utils.evaluate.loop import EvalConfig
+
+    cfg = EvalConfig(policy="mini", task_ids="3", port=1234, max_steps=12, replan_steps=None)
+    params.write_json(cfg, tmp_path / "client_config.json")
+    back = params.parse_cli(EvalConfig, ["--config", str(tmp_path / "client_config.json"), "--seed", "9"], "p", "d")
+    assert back == dataclasses.replace(cfg, seed=9)

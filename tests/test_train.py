@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import wait_for
+from helpers import TINY_MINI, wait_for
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.logs import parse_train_log
 from tutorial_utils.policies import load as load_policy
@@ -30,17 +30,7 @@ from tutorial_utils.train.loop import lr_factor, train
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-TINY = dict(
-    image_size=32,
-    model_dim=32,
-    num_heads=2,
-    action_depth=1,
-    language_layers=0,
-    num_workers=0,
-    scheduler_warmup_steps=2,
-    progress=False,
-    val_samples=16,
-)
+TINY = TINY_MINI
 
 
 def cfg(tmp_path, name="run", **kw) -> TrainConfig:

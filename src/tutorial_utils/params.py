@@ -5,7 +5,7 @@ dataclass whose fields are declared with :func:`param` (default, help text, grou
 
 - the job notebook's parameter check and coercion (:func:`from_mapping`: strings from papermill
   or a command line become the field's type; ``2.5`` for an int is an error, not a 2);
-- the CLI options (:func:`add_arguments` / :func:`from_args`) and ``--list-params``;
+- the CLI options and ``--list-params`` (:func:`parse_cli`);
 - the parameter tables in the book (:func:`markdown_table`).
 
 ``None`` is the one meaning of "no override" (use the default the job derives, for example the
@@ -191,7 +191,7 @@ def markdown_table(cls, aliases: Mapping[str, str] | None = None, prefix: str = 
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) -> None:
-    """One ``--name`` option per field (strings; :func:`from_args` coerces them)."""
+    """One ``--name`` option per field (strings; :func:`from_mapping` coerces them)."""
     skip = set(skip)
     for r in fields_info(cls):
         if r["name"] in skip:
@@ -205,10 +205,30 @@ def add_arguments(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()
         )
 
 
-def from_args(cls, args: argparse.Namespace, where: str):
-    """The config from :func:`add_arguments`' options (only those given override defaults)."""
+def parse_cli(cls, argv: list[str], prog: str, description: str):
+    """A job's CLI generated from its config: one ``--name`` option per field, ``--config FILE``
+    (a JSON file of parameters, as a job writes it; options beside it override it) and
+    ``--list-params``. Returns the config, or None after printing the table; a bad parameter
+    prints the teaching error and exits with status 2."""
+    import sys
+
+    from tutorial_utils.errors import TutorialError
+
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--config", default=None, help=f"a JSON file of {cls.__name__} parameters; options override it")
+    ap.add_argument("--list-params", action="store_true", help="print every parameter, default and meaning")
+    add_arguments(ap, cls)
+    args = ap.parse_args(argv)
+    if args.list_params:
+        print(markdown_table(cls))
+        return None
     names = {f.name for f in dataclasses.fields(cls)}
-    return from_mapping(cls, {k: v for k, v in vars(args).items() if k in names}, where)
+    try:
+        base = read_json(cls, args.config) if args.config else None
+        return from_mapping(cls, {k: v for k, v in vars(args).items() if k in names}, f"`{prog} --list-params`", base)
+    except TutorialError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def write_json(cfg: Any, path) -> Any:

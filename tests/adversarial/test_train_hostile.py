@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import wait_for
+from helpers import TINY_MINI, wait_for
 from tutorial_utils import policies
 from tutorial_utils.errors import TutorialError
 from tutorial_utils.policies.base import ObservationError, observation_to_batch
@@ -32,19 +32,7 @@ from tutorial_utils.train.loop import NonFiniteLoss, train
 
 torch.set_num_threads(1)
 PY = sys.executable
-TINY = dict(
-    image_size=32,
-    model_dim=32,
-    num_heads=2,
-    action_depth=1,
-    language_layers=0,
-    num_workers=0,
-    scheduler_warmup_steps=2,
-    progress=False,
-    val_samples=16,
-    batch_size=1,
-    eval_freq=0,
-)
+TINY = TINY_MINI
 VICTIM = textwrap.dedent("""
     import sys, json, torch
     torch.set_num_threads(1)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -414,25 +413,15 @@ def run_job(run_dir: str | os.PathLike, **overrides: Any) -> dict:
 
 def main(argv: list[str]) -> int:
     """``python -m tutorial_utils record --output-dir DIR [--task-ids 0,1] [--episodes-per-task 5] ...``"""
-    import argparse
-
     from tutorial_utils import params
 
-    p = argparse.ArgumentParser(
-        prog="python -m tutorial_utils record",
-        description="Record LIBERO demonstrations with the scripted expert into a LeRobot v2.1 dataset.",
+    cfg = params.parse_cli(
+        RecordConfig,
+        argv,
+        "python -m tutorial_utils record",
+        "Record LIBERO demonstrations with the scripted expert into a LeRobot v2.1 dataset.",
     )
-    p.add_argument("--list-params", action="store_true", help="print every parameter, default and meaning")
-    params.add_arguments(p, RecordConfig)
-    a = p.parse_args(argv)
-    if a.list_params:
-        print(params.markdown_table(RecordConfig))
-        return 0
-    try:
-        cfg = params.from_args(RecordConfig, a, "`python -m tutorial_utils record --list-params`")
-    except TutorialError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = resolve_output_dir(cfg.output_dir, Path.cwd(), cfg.suite, cfg.image_size)
-    print(json.dumps(record(out, cfg, workers=cfg.workers)))
+    if cfg is not None:
+        out = resolve_output_dir(cfg.output_dir, Path.cwd(), cfg.suite, cfg.image_size)
+        print(json.dumps(record(out, cfg, workers=cfg.workers)))
     return 0
