@@ -41,13 +41,22 @@ $(STAMP)/lerobot03: requirements-lerobot03.txt | $(STAMP)/venv
 	$(PY) -m pip install -q --no-deps --target $(LEROBOT03) -r requirements-lerobot03.txt
 	@touch $@
 
+# LeRobot 0.4.4's policies (ACT, Diffusion Policy, VQ-BeT for the model zoo), INTO .venv with
+# --no-deps: its declared pins (torch<2.11, rerun-sdk's numpy>=2...) cannot be met beside
+# requirements.txt; requirements-lerobot04.txt lists what it needs and explains each override.
+# Redone after the venv is: a new torch needs the torchvision built for it.
+$(STAMP)/lerobot04: requirements-lerobot04.txt $(STAMP)/venv
+	$(PY) -m pip install -q --no-deps -r requirements-lerobot04.txt
+	$(PY) -c "from tutorial_utils.policies._torchvision import ensure_importable; ensure_importable(); import lerobot.policies.factory"
+	@touch $@
+
 _vendor/.vendored: src/tutorial_utils/report/book.py | $(STAMP)/venv
 	$(PY) -m tutorial_utils book vendor
 
 system: $(STAMP)/system
 venv: $(STAMP)/venv
 vendor: _vendor/.vendored
-setup: $(STAMP)/system $(STAMP)/venv $(STAMP)/lerobot03 _vendor/.vendored
+setup: $(STAMP)/system $(STAMP)/venv $(STAMP)/lerobot03 $(STAMP)/lerobot04 _vendor/.vendored
 
 # --- the book ---------------------------------------------------------------------------------
 ipynb: setup

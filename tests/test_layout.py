@@ -31,7 +31,7 @@ import pytest
 PACKAGE = "tutorial_utils"
 ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
-PLUMBING = ("paths", "io", "profiles", "secrets", "errors", "params", "logs", "machine", "jobs")
+PLUMBING = ("paths", "io", "profiles", "secrets", "errors", "params", "logs", "machine", "jobs", "facts")
 STAGES = ("data", "sim", "policies", "train", "serve", "evaluate", "report")
 ORCHESTRATION = ("pipeline", "cli", "__main__")
 

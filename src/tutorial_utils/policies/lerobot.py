@@ -1,0 +1,768 @@
+"""LeRobot 0.4.4's own ACT, Diffusion Policy and VQ-BeT behind the policy seam.
+
+Each family here is a thin :class:`~tutorial_utils.policies.trainable.TrainablePolicy` around the
+real LeRobot policy (``make_policy_config`` -> ``get_policy_class(name)(cfg)``), so the project's
+trainer, checkpoints, policy server and LIBERO client drive LeRobot's implementation, not a copy:
+
+- features come from our dataset schema, channel-first (LeRobot only turns an image channel-first
+  when its last axis is named ``"channels"``; our datasets, like IPEC's, say ``"rgb"``):
+  ``observation.images.image`` and ``observation.images.wrist_image`` (VISUAL, (3, S, S) at
+  ``image_size``), ``observation.state`` (STATE, (8,)), ``action`` (ACTION, (7,));
+- normalisation is LeRobot's own pre/post-processor pipeline
+  (``make_pre_post_processors(cfg, dataset_stats=...)``) fed from our ``dataset_statistics.json``
+  (:func:`lerobot_stats`), with ImageNet mean/std for the cameras, as LeRobot's training does by
+  default (``dataset.use_imagenet_stats``);
+- ``loss(batch)`` is ``policy.forward(pre(batch))``: our batches already use LeRobot's key names,
+  the adapter only turns uint8 HWC images into float CHW in [0, 1];
+- ``predict(batch)`` is ``policy.predict_action_chunk`` + the post-processor: (B, H, 7) actions
+  in robot units, H = :attr:`action_horizon` (the chunk the data windows train on). The
+  family's ``n_action_steps`` (how many actions LeRobot's ``select_action`` executes before it
+  asks again) becomes the served policy's ``replan_steps``;
+- checkpoints are the seam's (safetensors of this wrapper's state_dict + config.json +
+  dataset_statistics.json); :meth:`LeRobotPolicy.export_pretrained` also writes LeRobot's own
+  ``save_pretrained`` layout for LeRobot's tools.
+
+Everything runs offline: ``pretrained_backbone_weights`` stays None (backbones learn from scratch)
+unless torchvision's weights file is already in the torch hub cache. One observation frame per
+sample (``n_obs_steps=1``): the seam's windows give the current frame and the action chunk.
+
+LeRobot is imported only when a model is built (``pip install --no-deps -r
+requirements-lerobot04.txt``, done by ``make setup``), so listing the families and their parameters
+works without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from tutorial_utils.errors import ConfigError
+from tutorial_utils.params import param
+from tutorial_utils.policies.base import (
+    BATCH_ACTION,
+    BATCH_ACTION_IS_PAD,
+    BATCH_IMAGE,
+    BATCH_STATE,
+    BATCH_TASK,
+    BATCH_WRIST,
+    STATE_DIM,
+    CheckpointError,
+    ObservationError,
+    PolicyUnavailable,
+)
+from tutorial_utils.policies.normalize import EMBODIMENT, STATS_FILE, StatisticsError
+from tutorial_utils.policies.trainable import TrainablePolicy
+
+ACTION_DIM = 7
+LEROBOT_VERSION = "0.4.4"  # what requirements-lerobot04.txt pins and this adapter was written against
+#: LeRobot's ImageNet statistics (``lerobot.datasets.factory.IMAGENET_STATS``), per channel
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CAMERA_NAMES = {"image": BATCH_IMAGE, "wrist_image": BATCH_WRIST}
+INSTALL_HINT = (
+    f"LeRobot {LEROBOT_VERSION} is not installed in this environment: run `make setup` (it installs "
+    "requirements-lerobot04.txt with `pip install --no-deps -r requirements-lerobot04.txt`)."
+)
+
+_RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+
+
+# --- configs: the guide's parameters, CPU-sized defaults ------------------------------------------
+# Sizes were chosen for a 2-core CPU (benchmarks/bench_zoo.py measures them): 64 px cameras
+# (a quarter of the ResNet-18 cost of 128 px; mini trains at 64 px too, so the zoo compares at
+# one resolution), a chunk of 16 executed 8 at a time (the same replanning cadence as mini's
+# 8-step chunks), a few transformer/UNet/GPT layers instead of LeRobot's GPU defaults. Every
+# default can be raised on a GPU server with the same parameter.
+
+
+def _check_common(cfg: Any) -> None:
+    if cfg.image_size < 32:
+        raise ConfigError(
+            f"image_size={cfg.image_size} must be >= 32: the ResNet backbone downsamples by 32 (32 px leaves "
+            "a 1x1 feature map)"
+        )
+    if cfg.n_obs_steps != 1:
+        raise ConfigError(
+            f"n_obs_steps={cfg.n_obs_steps}: the training windows give the current frame only, so use "
+            "n_obs_steps=1 (LeRobot's ACT supports only 1; more for Diffusion or VQ-BeT would need the data "
+            "reader to give earlier frames too)."
+        )
+    if cfg.vision_backbone not in _RESNETS:
+        raise ConfigError(f"vision_backbone={cfg.vision_backbone!r}: LeRobot uses torchvision ResNets: {_RESNETS}")
+
+
+@dataclass
+class ACTConfig:
+    """ACT (Action Chunking with Transformers): a ResNet + transformer encoder-decoder (CVAE)."""
+
+    image_size: int = param(64, "camera images are resized to this square size (>= 32; GPU: 128-224)", "model")
+    chunk_size: int = param(
+        16,
+        "actions predicted per chunk, the training window (guide: 10-50; LeRobot: 100 at 50 Hz). "
+        "LIBERO runs at 20 Hz, so 16 is 0.8 s",
+        "model",
+    )
+    n_action_steps: int = param(
+        8,
+        "actions of each chunk executed before predicting again, the served replan_steps (<= chunk_size; "
+        "guide and LeRobot: usually = chunk_size). Half the chunk reacts faster, as mini's 8 do",
+        "model",
+    )
+    n_obs_steps: int = param(
+        1, "observation frames per sample (guide: 1 in most cases; LeRobot's ACT supports only 1)", "model"
+    )
+    vision_backbone: str = param(
+        "resnet18",
+        "torchvision ResNet that encodes each camera (guide: resnet18/34/50/101/152; resnet18 on a CPU)",
+        "model",
+    )
+    pretrained_backbone_weights: str | None = param(
+        None,
+        "torchvision weights for the backbone, e.g. ResNet18_Weights.IMAGENET1K_V1 (LeRobot's default; "
+        "downloaded, so only where the file is cached or online). None: learn from scratch (offline)",
+        "model",
+    )
+    dim_model: int = param(
+        256, "transformer hidden size (guide and LeRobot: 512; 256 on a CPU). Must be a multiple of n_heads", "model"
+    )
+    n_heads: int = param(8, "attention heads of each transformer layer (guide and LeRobot: 8)", "model")
+    dim_feedforward: int = param(1024, "feed-forward width of each transformer layer (LeRobot: 3200)", "model")
+    n_encoder_layers: int = param(2, "transformer encoder layers (LeRobot: 4)", "model")
+    n_decoder_layers: int = param(
+        1, "transformer decoder layers (LeRobot: 1, what the original ACT's 7 effectively used)", "model"
+    )
+    use_vae: bool = param(True, "train with the CVAE objective (ACT's latent style variable)", "model")
+    latent_dim: int = param(32, "CVAE latent size (LeRobot: 32)", "model")
+    n_vae_encoder_layers: int = param(2, "layers of the CVAE encoder, used only while training (LeRobot: 4)", "model")
+    kl_weight: float = param(10.0, "weight of the KL term of the CVAE loss (LeRobot: 10)", "model")
+    dropout: float = param(0.1, "dropout in the transformer layers", "model")
+
+    @property
+    def action_horizon(self) -> int:
+        return self.chunk_size
+
+    def check(self) -> None:
+        _check_common(self)
+        for name in ("chunk_size", "n_action_steps", "dim_model", "n_heads", "dim_feedforward", "latent_dim"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_action_steps > self.chunk_size:
+            raise ConfigError(f"n_action_steps={self.n_action_steps} must be <= chunk_size={self.chunk_size}")
+        if self.dim_model % self.n_heads:
+            raise ConfigError(f"n_heads={self.n_heads} must divide dim_model={self.dim_model}")
+
+    def lerobot_kwargs(self) -> dict:
+        return _same_names(self, skip=("image_size",))
+
+
+def _same_names(cfg: Any, skip: tuple[str, ...]) -> dict:
+    """The fields that are LeRobot's own parameters, under the same names (all but ``skip``)."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
+
+
+def _crop_shape(cfg: Any) -> tuple[int, int] | None:
+    if cfg.crop_ratio >= 1.0:
+        return None
+    side = max(1, int(round(cfg.image_size * cfg.crop_ratio)))
+    return (side, side)
+
+
+@dataclass
+class DiffusionConfig:
+    """Diffusion Policy: a ResNet + spatial-softmax encoder conditioning a 1-D UNet that denoises a chunk."""
+
+    image_size: int = param(64, "camera images are resized to this square size (>= 32; the paper: 84-96)", "model")
+    horizon: int = param(
+        16,
+        "actions denoised per chunk, the training window (guide and LeRobot: 16; a multiple of 2**len(down_dims))",
+        "model",
+    )
+    n_action_steps: int = param(
+        8, "actions of each chunk executed before predicting again (the served replan_steps; LeRobot: 8)", "model"
+    )
+    n_obs_steps: int = param(1, "observation frames per sample (LeRobot: 2; the training windows give 1)", "model")
+    num_inference_steps: int = param(
+        10,
+        "denoising steps per chunk at inference, one UNet pass each (guide: 10; LeRobot's DDPM "
+        "default runs all num_train_timesteps; DDIM makes 10 of 100 work)",
+        "model",
+    )
+    noise_scheduler_type: str = param(
+        "DDIM", "DDPM or DDIM (DDIM can skip steps at inference; LeRobot's default is DDPM)", "model"
+    )
+    num_train_timesteps: int = param(100, "diffusion steps of the noise schedule (LeRobot: 100)", "model")
+    vision_backbone: str = param("resnet18", "torchvision ResNet that encodes the cameras", "model")
+    pretrained_backbone_weights: str | None = param(
+        None, "torchvision weights for the backbone (None: learn from scratch, offline; LeRobot: None)", "model"
+    )
+    down_dims: list[int] = param(
+        [64, 128, 256],
+        "UNet widths per level (LeRobot: 512,1024,2048 = 267M parameters, about 12 s/step on one CPU core)",
+        "model",
+    )
+    diffusion_step_embed_dim: int = param(64, "size of the timestep embedding (LeRobot: 128)", "model")
+    kernel_size: int = param(5, "UNet convolution kernel size (LeRobot: 5)", "model")
+    n_groups: int = param(8, "group-norm groups in the UNet (must divide every down_dims entry)", "model")
+    spatial_softmax_num_keypoints: int = param(
+        32, "keypoints per camera from the spatial softmax (LeRobot: 32)", "model"
+    )
+    crop_ratio: float = param(
+        1.0,
+        "random crop (centre crop at inference) to this fraction of image_size; 1.0: no crop "
+        "(the trainer's augment_shift already shifts images)",
+        "model",
+    )
+
+    @property
+    def action_horizon(self) -> int:
+        return self.horizon
+
+    def check(self) -> None:
+        _check_common(self)
+        if self.noise_scheduler_type not in ("DDPM", "DDIM"):
+            raise ConfigError(f"noise_scheduler_type={self.noise_scheduler_type!r}: use DDPM or DDIM")
+        if not self.down_dims or any(d < 1 for d in self.down_dims):
+            raise ConfigError(f"down_dims={self.down_dims} must be positive widths, e.g. 64,128,256")
+        factor = 2 ** len(self.down_dims)
+        if self.horizon < factor or self.horizon % factor:
+            raise ConfigError(
+                f"horizon={self.horizon} must be a multiple of 2**len(down_dims)={factor} (the UNet halves it per level)"
+            )
+        if not 1 <= self.n_action_steps <= self.horizon - self.n_obs_steps + 1:
+            raise ConfigError(
+                f"n_action_steps={self.n_action_steps} must be in 1..horizon-n_obs_steps+1={self.horizon - self.n_obs_steps + 1}"
+            )
+        if not 1 <= self.num_inference_steps <= self.num_train_timesteps:
+            raise ConfigError(
+                f"num_inference_steps={self.num_inference_steps} must be in 1..num_train_timesteps={self.num_train_timesteps}"
+            )
+        if any(d % self.n_groups for d in self.down_dims):
+            raise ConfigError(f"n_groups={self.n_groups} must divide every down_dims entry {self.down_dims}")
+        if not 0.0 < self.crop_ratio <= 1.0:
+            raise ConfigError(f"crop_ratio={self.crop_ratio} must be in (0, 1]")
+
+    def lerobot_kwargs(self) -> dict:
+        return {
+            **_same_names(self, skip=("image_size", "crop_ratio")),
+            "down_dims": tuple(self.down_dims),
+            "crop_shape": _crop_shape(self),
+            # LeRobot's formula (horizon - n_action_steps - n_obs_steps + 1), for its own dataset sampler
+            "drop_n_last_frames": max(0, self.horizon - self.n_action_steps - self.n_obs_steps + 1),
+        }
+
+
+@dataclass
+class VQBeTConfig:
+    """VQ-BeT: a residual VQ-VAE turns action chunks into codes (phase 1), then a GPT predicts
+    codes and offsets from the image and state (phase 2). LeRobot's VQ-BeT sees one camera."""
+
+    image_size: int = param(64, "camera images are resized to this square size (>= 32; LeRobot: 96, crop 84)", "model")
+    camera: str = param("image", "the one camera VQ-BeT sees: image (agent view) or wrist_image", "model")
+    action_chunk_size: int = param(
+        8,
+        "actions per chunk, one VQ code each (the training window and the served replan_steps; LeRobot: 5)",
+        "model",
+    )
+    n_obs_steps: int = param(1, "observation frames per sample (LeRobot: 5; the training windows give 1)", "model")
+    n_vqvae_training_steps: int = param(
+        500,
+        "phase 1: the first N training steps fit only the residual VQ-VAE on action chunks (cheap, no images), "
+        "then the GPT trains; about 10-20% of steps (LeRobot: 20000 of 200k)",
+        "model",
+    )
+    vqvae_n_embed: int = param(16, "codes per residual VQ layer (LeRobot: 16)", "model")
+    vqvae_embedding_dim: int = param(128, "VQ code size (LeRobot: 256)", "model")
+    vqvae_enc_hidden_dim: int = param(128, "hidden width of the VQ-VAE encoder/decoder (LeRobot: 128)", "model")
+    gpt_n_layer: int = param(4, "GPT layers (LeRobot: 8)", "model")
+    gpt_n_head: int = param(4, "GPT attention heads (must divide gpt_hidden_dim; LeRobot: 8)", "model")
+    gpt_hidden_dim: int = param(256, "GPT width; also its input and output size here (LeRobot: 512)", "model")
+    vision_backbone: str = param("resnet18", "torchvision ResNet that encodes the camera", "model")
+    pretrained_backbone_weights: str | None = param(
+        None, "torchvision weights for the backbone (None: learn from scratch, offline; LeRobot: None)", "model"
+    )
+    spatial_softmax_num_keypoints: int = param(32, "keypoints from the spatial softmax (LeRobot: 32)", "model")
+    crop_ratio: float = param(
+        1.0,
+        "random crop (centre crop at inference) to this fraction of image_size; 1.0: no crop "
+        "(LeRobot: 84/96; the trainer's augment_shift already shifts images)",
+        "model",
+    )
+    offset_loss_weight: float = param(
+        10000.0, "weight of the offset loss against the code losses (LeRobot: 10000)", "model"
+    )
+    bet_softmax_temperature: float = param(0.1, "sampling temperature of the code head (LeRobot: 0.1)", "model")
+    dropout: float = param(0.1, "dropout in the GPT", "model")
+
+    @property
+    def action_horizon(self) -> int:
+        # LeRobot's window is n_action_pred_token + action_chunk_size - 1 actions from the current step
+        # (with n_obs_steps=1); the adapter predicts one token (n_action_pred_token=1), so the window is
+        # the chunk that predict_action_chunk returns
+        return self.action_chunk_size
+
+    def check(self) -> None:
+        _check_common(self)
+        if self.camera not in CAMERA_NAMES:
+            raise ConfigError(f"camera={self.camera!r}: use one of {', '.join(CAMERA_NAMES)}")
+        for name in ("action_chunk_size", "vqvae_n_embed", "vqvae_embedding_dim", "gpt_n_layer", "gpt_hidden_dim"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_vqvae_training_steps < 0:
+            raise ConfigError(f"n_vqvae_training_steps={self.n_vqvae_training_steps} must be >= 0")
+        if self.gpt_hidden_dim % self.gpt_n_head:
+            raise ConfigError(f"gpt_n_head={self.gpt_n_head} must divide gpt_hidden_dim={self.gpt_hidden_dim}")
+        if not 0.0 < self.crop_ratio <= 1.0:
+            raise ConfigError(f"crop_ratio={self.crop_ratio} must be in (0, 1]")
+
+    def lerobot_kwargs(self) -> dict:
+        return {
+            **_same_names(self, skip=("image_size", "camera", "crop_ratio")),
+            "n_action_pred_token": 1,  # see action_horizon
+            "gpt_input_dim": self.gpt_hidden_dim,
+            "gpt_output_dim": self.gpt_hidden_dim,
+            "crop_shape": _crop_shape(self),
+        }
+
+
+# --- statistics ------------------------------------------------------------------------------------
+
+
+def lerobot_stats(
+    statistics: Mapping[str, Any], norm_modes: Mapping[str, str], cameras: tuple[str, ...]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Our ``dataset_statistics.json`` -> LeRobot's per-feature ``{"mean","std","min","max"}`` tensors.
+
+    ``franka.state`` becomes ``observation.state``, ``franka.action`` ``action``; each camera gets
+    ImageNet's mean/std (shape (3, 1, 1)) and min 0 / max 1, as LeRobot's training uses by default.
+    Statistics with only min/max (older files, the synthetic source) get mean = midpoint and
+    std = half-range, which is exactly the min-max scaling to [-1, 1]. ``norm_modes`` maps a
+    feature type (``"STATE"``, ``"ACTION"``) to LeRobot's normalisation mode, so a mode whose
+    statistics are missing is refused here, naming the key.
+    """
+    block = statistics.get(EMBODIMENT) if isinstance(statistics, Mapping) else None
+    if not isinstance(block, Mapping):
+        found = sorted(statistics) if isinstance(statistics, Mapping) else type(statistics).__name__
+        raise StatisticsError(
+            f"{STATS_FILE}: expected a {EMBODIMENT!r} block with 'state' and 'action' statistics (found {found}). "
+            "Create it with `python -m tutorial_utils dataset stats DIR`."
+        )
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for ours, feature, dim, kind in (
+        ("state", BATCH_STATE, STATE_DIM, "STATE"),
+        ("action", BATCH_ACTION, ACTION_DIM, "ACTION"),
+    ):
+        s = block.get(ours)
+        if not isinstance(s, Mapping):
+            raise StatisticsError(
+                f"{STATS_FILE}: {EMBODIMENT}.{ours} is missing; LeRobot normalises {feature} with it. "
+                "Recompute the statistics with `python -m tutorial_utils dataset stats DIR`."
+            )
+        d = {k: np.asarray(s[k], dtype=np.float32) for k in ("mean", "std", "min", "max") if k in s}
+        for k, v in d.items():
+            if v.shape != (dim,):
+                raise StatisticsError(
+                    f"{STATS_FILE}: {EMBODIMENT}.{ours}.{k} has shape {v.shape}; the feature {feature} is ({dim},). "
+                    "These statistics belong to another dataset layout."
+                )
+        if "min" in d and "max" in d:
+            d.setdefault("mean", (d["min"] + d["max"]) / 2)
+            d.setdefault("std", (d["max"] - d["min"]) / 2)
+        mode = str(norm_modes.get(kind, "IDENTITY")).upper()
+        need = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max")}.get(mode, ())
+        missing = [k for k in need if k not in d]
+        if missing:
+            raise StatisticsError(
+                f"{STATS_FILE}: {EMBODIMENT}.{ours} lacks {missing}, which LeRobot's {mode} normalisation of "
+                f"{feature} needs. Recompute the statistics with `python -m tutorial_utils dataset stats DIR`."
+            )
+        out[feature] = {k: torch.from_numpy(v) for k, v in d.items()}
+    for cam in cameras:
+        out[cam] = {
+            "mean": torch.tensor(IMAGENET_MEAN, dtype=torch.float32).view(3, 1, 1),
+            "std": torch.tensor(IMAGENET_STD, dtype=torch.float32).view(3, 1, 1),
+            "min": torch.zeros(3, 1, 1),
+            "max": torch.ones(3, 1, 1),
+        }
+    return out
+
+
+# --- offline rules ---------------------------------------------------------------------------------
+
+
+def check_backbone_weights(family: str, weights: str | None) -> None:
+    """Refuse, before LeRobot tries to download them, backbone weights that are not cached here."""
+    if weights is None:
+        return
+    from tutorial_utils.policies._torchvision import ensure_importable
+
+    ensure_importable()
+    import torchvision
+
+    try:
+        entry = torchvision.models.get_weight(weights)
+    except (ValueError, KeyError, AttributeError):
+        raise ConfigError(
+            f"pretrained_backbone_weights={weights!r} is not a torchvision weights name "
+            "(e.g. ResNet18_Weights.IMAGENET1K_V1), or None to learn the backbone from scratch."
+        ) from None
+    filename = Path(str(entry.url).rsplit("/", 1)[-1])
+    cached = Path(torch.hub.get_dir()) / "checkpoints" / filename
+    if cached.is_file():
+        return
+    raise PolicyUnavailable(
+        f"policy {family!r}: pretrained_backbone_weights={weights!r} asks for torchvision's ImageNet weights "
+        f"({filename}), which LeRobot would download while it builds the backbone; this project builds offline "
+        f"and the file is not in the torch hub cache ({cached}). Here: leave pretrained_backbone_weights=None (the "
+        "CPU default; the backbone learns from scratch), or copy that file into the cache. On a GPU server "
+        "with internet: `make setup` (or `pip install -r requirements.txt` and `pip install --no-deps -r "
+        "requirements-lerobot04.txt`), then `python -m tutorial_utils train policy="
+        f"{family} pretrained_backbone_weights={weights} device=cuda dataset=<your dataset>` (the first build "
+        "downloads the file into the cache; the checkpoint then holds the weights)."
+    )
+
+
+def _feature_record(features: Mapping[str, tuple[int, ...]]) -> nn.Module:
+    """Empty buffers whose shapes are the features the weights were trained on, at state_dict paths
+    named after them (``lerobot_features.observation.images.image`` is (0, 3, S, S)): a checkpoint
+    of another shape fails to load naming the feature, and costs no bytes."""
+    root = nn.Module()
+    for name, shape in features.items():
+        *path, leaf = name.split(".")
+        m = root
+        for part in path:
+            if not hasattr(m, part):
+                m.add_module(part, nn.Module())
+            m = getattr(m, part)
+        m.register_buffer(leaf, torch.empty((0, *shape)))
+    return root
+
+
+# --- the adapter -----------------------------------------------------------------------------------
+
+
+class LeRobotPolicy(nn.Module, TrainablePolicy):
+    """The shared adapter; a family sets :attr:`name`, :attr:`config_class` and :attr:`lerobot_type`."""
+
+    #: LeRobot's policy type (``make_policy_config`` / ``get_policy_class``)
+    lerobot_type: ClassVar[str] = ""
+
+    def __init__(self, cfg: Any = None, statistics: Mapping[str, Any] | None = None):
+        super().__init__()
+        self.cfg = cfg or self.config_class()
+        self.cfg.check()
+        self.statistics: dict = dict(statistics) if statistics is not None else {}
+        check_backbone_weights(self.name, self.cfg.pretrained_backbone_weights)
+        try:
+            from tutorial_utils.policies._torchvision import ensure_importable
+
+            ensure_importable()
+            from lerobot.configs.types import FeatureType, PolicyFeature
+            from lerobot.policies.factory import get_policy_class, make_policy_config
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] in ("lerobot", "torchvision"):
+                raise PolicyUnavailable(f"policy {self.name!r}: {INSTALL_HINT} ({exc})") from None
+            raise
+        s = self.cfg.image_size
+        self.features = {cam: (3, s, s) for cam in self.cameras} | {
+            BATCH_STATE: (STATE_DIM,),
+            BATCH_ACTION: (ACTION_DIM,),
+        }
+        # registered before the policy, so a checkpoint of other features names them first
+        self.lerobot_features = _feature_record(self.features)
+        inputs = {cam: PolicyFeature(FeatureType.VISUAL, (3, s, s)) for cam in self.cameras}
+        inputs[BATCH_STATE] = PolicyFeature(FeatureType.STATE, (STATE_DIM,))
+        outputs = {BATCH_ACTION: PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))}
+        self.lerobot_config = make_policy_config(
+            self.lerobot_type,
+            input_features=inputs,
+            output_features=outputs,
+            device="cpu",
+            push_to_hub=False,
+            **self.cfg.lerobot_kwargs(),
+        )
+        self.policy = get_policy_class(self.lerobot_type)(self.lerobot_config)
+        self._processors: tuple | None = None
+        self._processor_device: str | None = None
+
+    # -- what the seam reads
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        return (BATCH_IMAGE, BATCH_WRIST)
+
+    @property
+    def replan_steps(self) -> int:
+        return int(self.cfg.n_action_steps)
+
+    def serving_policy(self, checkpoint: str = "", replan_steps: int | None = None, **kwargs: Any):
+        """The seam's served model; ``replan_steps`` defaults to the family's ``n_action_steps``
+        (what LeRobot's ``select_action`` executes of each chunk)."""
+        return super().serving_policy(checkpoint=checkpoint, replan_steps=replan_steps or self.replan_steps, **kwargs)
+
+    # -- LeRobot's processors, built for the device the weights are on
+    def processors(self) -> tuple:
+        """LeRobot's (preprocessor, postprocessor) with our statistics (rebuilt when the model moves)."""
+        if not self.statistics:
+            raise StatisticsError(
+                f"the {self.name!r} policy has no dataset statistics; build it with "
+                f"policies.make({self.name!r}, config, statistics) or load a checkpoint (it holds {STATS_FILE})."
+            )
+        device = str(next(self.policy.parameters()).device)
+        if self._processors is None or self._processor_device != device:
+            from lerobot.policies.factory import make_pre_post_processors
+
+            modes = {str(k): getattr(v, "name", str(v)) for k, v in self.lerobot_config.normalization_mapping.items()}
+            self.lerobot_config.device = device
+            stats = lerobot_stats(self.statistics, modes, self.cameras)
+            self._processors = make_pre_post_processors(self.lerobot_config, dataset_stats=stats)
+            self._processor_device = device
+        return self._processors
+
+    def _lerobot_batch(self, batch: Mapping[str, Any], with_action: bool) -> dict:
+        """Our batch (LeRobot's key names; uint8 HWC or float CHW images) -> LeRobot's input, normalised."""
+        out: dict[str, Any] = {}
+        s = self.cfg.image_size
+        for cam in self.cameras:
+            if cam not in batch:
+                raise ObservationError(
+                    f"the batch has no {cam}; {self.name} reads the cameras {', '.join(self.cameras)}"
+                )
+            x = torch.as_tensor(np.asarray(batch[cam]) if not isinstance(batch[cam], torch.Tensor) else batch[cam])
+            if x.dtype == torch.uint8:
+                x = x.permute(0, 3, 1, 2).float() / 255.0  # uint8 (B, H, W, 3) -> float (B, 3, H, W) in [0, 1]
+            elif x.ndim == 4 and x.shape[1] != 3 and x.shape[-1] == 3:
+                x = x.permute(0, 3, 1, 2)
+            if tuple(x.shape[1:]) != (3, s, s):
+                raise ObservationError(
+                    f"feature {cam}: got images of shape {tuple(x.shape[1:])} (channel-first), the {self.name!r} "
+                    f"model was built for (3, {s}, {s}) (image_size={s}). Resize the cameras to {s}x{s}."
+                )
+            out[cam] = x.float()
+        state = torch.as_tensor(np.asarray(batch[BATCH_STATE], dtype=np.float32))
+        if state.ndim != 2 or state.shape[1] != STATE_DIM:
+            raise ObservationError(f"feature {BATCH_STATE}: expected (B, {STATE_DIM}), got {tuple(state.shape)}")
+        out[BATCH_STATE] = state
+        if with_action:
+            out[BATCH_ACTION] = torch.as_tensor(np.asarray(batch[BATCH_ACTION], dtype=np.float32))
+            pad = batch.get(BATCH_ACTION_IS_PAD)
+            out[BATCH_ACTION_IS_PAD] = (
+                torch.as_tensor(np.asarray(pad, dtype=bool))
+                if pad is not None
+                else torch.zeros(out[BATCH_ACTION].shape[:2], dtype=torch.bool)
+            )
+        tasks = batch.get(BATCH_TASK)
+        out[BATCH_TASK] = list(tasks) if tasks is not None else [""] * len(state)
+        pre, _post = self.processors()
+        return pre(out)
+
+    @contextlib.contextmanager
+    def _seeded(self, generator) -> Iterator[None]:
+        """LeRobot draws noise, dropout and VAE samples from torch's global generator; with a
+        ``generator`` (the trainer's per-step one, the server's per-call one) they are drawn from a
+        seed taken from it, so a resumed run and a served call repeat exactly."""
+        if generator is None:
+            yield
+            return
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
+        dev = next(self.policy.parameters()).device
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.manual_seed(seed)
+            yield
+
+    # -- the seam
+    def forward(self, batch: Mapping[str, Any], generator=None) -> dict:
+        return self.loss(batch, generator)
+
+    def loss(self, batch: Mapping[str, Any], generator=None) -> dict:
+        lb = self._training_batch(self._lerobot_batch(batch, with_action=True))
+        with self._seeded(generator):
+            loss, parts = self.policy.forward(lb)
+        out = {"total_loss": loss}
+        for k, v in (parts or {}).items():
+            if isinstance(v, torch.Tensor) and v.numel() == 1:
+                out[k] = v.detach().float().reshape(())
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = torch.tensor(float(v), device=loss.device)  # LeRobot logs floats; the trainer reduces tensors
+        return out
+
+    def _training_batch(self, lb: dict) -> dict:
+        return lb
+
+    @torch.no_grad()
+    def predict(self, batch: Mapping[str, Any], generator=None) -> np.ndarray:
+        was_training = self.training
+        self.eval()
+        try:
+            lb = self._lerobot_batch(batch, with_action=False)
+            with self._seeded(generator):
+                chunk = self._predict_chunk(lb)
+            _pre, post = self.processors()
+            actions = post(chunk)
+        finally:
+            self.train(was_training)
+        return actions.detach().float().cpu().numpy().astype(np.float32)
+
+    def _predict_chunk(self, lb: dict) -> torch.Tensor:
+        return self.policy.predict_action_chunk(lb)
+
+    # -- checkpoints: the seam's format; LeRobot's as an extra export
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        theirs = {k: tuple(v.shape[1:]) for k, v in state_dict.items() if k.startswith("lerobot_features.")}
+        for name, shape in self.features.items():
+            got = theirs.get(f"lerobot_features.{name}")
+            if got is not None and got != tuple(shape):
+                raise CheckpointError(
+                    f"feature {name}: the weights were trained on {got}, this {self.name!r} model is built for "
+                    f"{tuple(shape)} (image_size={self.cfg.image_size}). Load the checkpoint with the config it "
+                    "was written with (config.json), or retrain for the new size."
+                )
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+    @classmethod
+    def load(cls, directory, device: str = "cpu"):
+        """Like the seam's ``load``, after checking that config.json's features match the weights'
+        (naming the feature that differs)."""
+        check_checkpoint_features(directory)
+        return super().load(directory, device=device)
+
+    def export_pretrained(self, directory) -> Path:
+        """Also write LeRobot's own layout (``policy.save_pretrained`` + its processors) into
+        ``directory``, for LeRobot's tools (``lerobot-eval --policy.path=...``)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.policy.save_pretrained(d)
+        pre, post = self.processors()
+        pre.save_pretrained(d)
+        post.save_pretrained(d)
+        return d
+
+
+def check_checkpoint_features(directory) -> None:
+    """Raise :class:`CheckpointError` naming the feature when a checkpoint's config.json asks for
+    other features than its weights were trained on (e.g. an edited ``image_size``)."""
+    from safetensors import safe_open
+
+    from tutorial_utils.policies import family
+    from tutorial_utils.policies.checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_checkpoint_config
+
+    d = Path(directory)
+    manifest = read_checkpoint_config(d)
+    cls = family(manifest["family"])
+    if not issubclass(cls, LeRobotPolicy) or not (d / WEIGHTS_FILE).is_file():
+        return
+    cfg = manifest.get("policy", {})
+    size = cfg.get("image_size")
+    try:
+        with safe_open(str(d / WEIGHTS_FILE), "pt") as fh:
+            shapes = {k: tuple(fh.get_slice(k).get_shape()[1:]) for k in fh.keys() if k.startswith("lerobot_features.")}
+    except Exception:  # noqa: BLE001 - a corrupted file is reported by the seam's loader, with its fix
+        return
+    for key, shape in shapes.items():
+        name = key[len("lerobot_features.") :]
+        if len(shape) == 3 and isinstance(size, int) and shape != (3, size, size):
+            raise CheckpointError(
+                f"{d / CONFIG_FILE}: feature {name}: config.json says image_size={size} (3, {size}, {size}), "
+                f"the weights in {WEIGHTS_FILE} were trained on {shape}. Restore image_size={shape[-1]} in "
+                "config.json, or retrain for the new size."
+            )
+
+
+class ACTPolicy(LeRobotPolicy):
+    """LeRobot's ACT (``lerobot.policies.act``): both cameras, the chunk is ``chunk_size`` long."""
+
+    name = "act"
+    config_class = ACTConfig
+    lerobot_type = "act"
+
+
+class DiffusionPolicy(LeRobotPolicy):
+    """LeRobot's Diffusion Policy (``lerobot.policies.diffusion``): both cameras, one shared ResNet."""
+
+    name = "diffusion"
+    config_class = DiffusionConfig
+    lerobot_type = "diffusion"
+
+    def _training_batch(self, lb: dict) -> dict:
+        lb = dict(lb)
+        lb[BATCH_STATE] = lb[BATCH_STATE].unsqueeze(1)  # (B, n_obs_steps=1, 8); images: LeRobot adds the axis
+        return lb
+
+    def _predict_chunk(self, lb: dict) -> torch.Tensor:
+        # LeRobot keeps n_action_steps of the horizon; the seam returns the whole chunk it trained on
+        # (the server executes n_action_steps of it), so ask for all of it during this call
+        return _queued_chunk(self.policy, lb, self.cameras, {"n_action_steps": self.cfg.horizon})
+
+
+class VQBeTPolicy(LeRobotPolicy):
+    """LeRobot's VQ-BeT (``lerobot.policies.vqbet``): one camera (``camera``), two training phases."""
+
+    name = "vqbet"
+    config_class = VQBeTConfig
+    lerobot_type = "vqbet"
+
+    def __init__(self, cfg: Any = None, statistics: Mapping[str, Any] | None = None):
+        super().__init__(cfg, statistics)
+        # LeRobot counts phase-1 steps in a plain attribute; keep it in the state_dict so a resumed
+        # run continues phase 1 where it stopped
+        self.register_buffer("vqvae_optimized_steps", torch.zeros((), dtype=torch.int64))
+
+    @property
+    def cameras(self) -> tuple[str, ...]:
+        return (CAMERA_NAMES[self.cfg.camera],)
+
+    @property
+    def replan_steps(self) -> int:
+        return int(self.cfg.action_chunk_size)
+
+    @property
+    def _vqvae(self):
+        return self.policy.vqbet.action_head.vqvae_model
+
+    def loss(self, batch: Mapping[str, Any], generator=None) -> dict:
+        phase = 2.0 if bool(self._vqvae.discretized) else 1.0  # 1: the residual VQ-VAE, 2: the GPT
+        out = super().loss(batch, generator)
+        self.vqvae_optimized_steps.fill_(int(self._vqvae.optimized_steps))
+        out["vqbet_phase"] = torch.tensor(phase, device=out["total_loss"].device)
+        return out
+
+    def _training_batch(self, lb: dict) -> dict:
+        lb = dict(lb)
+        for key in (BATCH_STATE, *self.cameras):
+            lb[key] = lb[key].unsqueeze(1)  # (B, n_obs_steps=1, ...)
+        return lb
+
+    def _predict_chunk(self, lb: dict) -> torch.Tensor:
+        return _queued_chunk(self.policy, lb, self.cameras, {})
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._vqvae.optimized_steps = int(self.vqvae_optimized_steps)
+        return result
+
+
+def _queued_chunk(policy, lb: dict, cameras: tuple[str, ...], config_overrides: Mapping[str, Any]) -> torch.Tensor:
+    """``predict_action_chunk`` of a LeRobot policy that reads its observation queues (Diffusion,
+    VQ-BeT): fill them with this one observation, as ``select_action`` does after ``reset()``."""
+    from lerobot.policies.utils import populate_queues
+    from lerobot.utils.constants import OBS_IMAGES
+
+    policy.reset()
+    b = {k: v for k, v in lb.items() if k != BATCH_ACTION}  # the preprocessor adds action=None
+    b[OBS_IMAGES] = torch.stack([b[k] for k in cameras], dim=-4)
+    policy._queues = populate_queues(policy._queues, b)
+    saved = {k: getattr(policy.config, k) for k in config_overrides}
+    try:
+        for k, v in config_overrides.items():
+            setattr(policy.config, k, v)
+        return policy.predict_action_chunk(b)
+    finally:
+        for k, v in saved.items():
+            setattr(policy.config, k, v)
+        policy.reset()
