@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tutorial_utils.errors import DiskFull, is_disk_full
+
 
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
@@ -39,9 +41,11 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
             os.fsync(fh.fileno())
         os.replace(tmp_path, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if is_disk_full(exc, path.parent):
+            raise DiskFull(path, str(exc).splitlines()[0] if str(exc) else "") from None
         raise
 
 
@@ -91,8 +95,10 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
     try:
         yield tmp
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(exc, path.parent):
+            raise DiskFull(path, str(exc).splitlines()[0] if str(exc) else "") from None
         raise
     old = None
     if path.exists() or path.is_symlink():

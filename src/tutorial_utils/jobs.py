@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import paths, profiles
-from tutorial_utils.errors import ConfigError
+from tutorial_utils.errors import ConfigError, DiskFull, is_disk_full
 from tutorial_utils.io import atomic_write_text
 from tutorial_utils.secrets import redact, redact_data
 
@@ -53,6 +53,8 @@ PARAMS_FILE = "params.yaml"
 STATUS_LOCK = ".status.lock"
 #: Seconds between two heartbeats of a running job (``pid``, ``host``, ``updated`` in status.json).
 HEARTBEAT_S = 5.0
+#: bytes the writability check writes and fsyncs (an empty file would succeed on a full disk)
+WRITE_PROBE_BYTES = 64 * 1024
 #: A ``running`` job whose heartbeat is older than this (or whose runner process is gone) is ``stale``.
 STALE_AFTER_S = 60.0
 
@@ -108,9 +110,17 @@ def ensure_run_dir(run_dir: str | os.PathLike | None, name: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write-probe-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
+        try:  # a real write, flushed to disk: an empty file would succeed on a full disk
+            with open(probe, "wb") as fh:
+                fh.write(b"\0" * WRITE_PROBE_BYTES)
+                fh.flush()
+                os.fsync(fh.fileno())
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                probe.unlink()
     except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(path, "the run directory has no room for a job's notebook and logs") from None
         raise JobError(
             f"run directory {path} is not writable ({exc.strerror or exc}). Pass a writable "
             f"--run-dir, or set TUTORIAL_RUNS_DIR to a folder on a disk you can write to."

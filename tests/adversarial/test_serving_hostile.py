@@ -441,3 +441,20 @@ def test_dit4dit_request_with_no_images_names_the_key():
     req = {"examples": [{"image": [], "lang": "x", "state": np.zeros((1, 16), np.float32)}]}
     with pytest.raises(ObservationError, match=r"examples\[0\]\.image"):
         to_policy_observation(req, 16)
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt"])
+def test_serving_a_missing_or_corrupt_checkpoint_is_one_teaching_line(tmp_path, case):
+    ck = tmp_path / "ck"
+    if case == "corrupt":
+        ck.mkdir()
+        (ck / "config.json").write_text("{not json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tutorial_utils", "serve", "--policy", "mini", "--checkpoint", str(ck), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 3
+    assert "Traceback" not in proc.stderr and "cannot serve policy mini" in proc.stderr
+    assert ("does not exist" if case == "missing" else "config.json is corrupted") in proc.stderr

@@ -9,6 +9,7 @@ import signal
 import sys
 
 from tutorial_utils import logs as _logs
+from tutorial_utils.errors import TutorialError
 from tutorial_utils.serve.protocol import DEFAULT_HOST, DEFAULT_MAX_FRAME_BYTES, DEFAULT_PORT, PortInUse
 from tutorial_utils.serve.server import PolicyServer, configure_logging
 
@@ -59,7 +60,7 @@ def main(argv: list[str]) -> int:
     configure_logging()
     try:
         policy = policies.make_policy(args.policy, checkpoint=args.checkpoint or None)
-    except policies.PolicyUnavailable as exc:
+    except TutorialError as exc:  # unknown policy, missing or corrupt checkpoint, bad statistics
         logger.error(_logs.SERVER_POLICY_UNAVAILABLE.format(policy=args.policy, reason=exc))
         return 3
     server = PolicyServer(
