@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("tutorial_utils.serve.cli", "run a websocket policy server"),
     "eval": ("tutorial_utils.evaluate.cli", "run the LIBERO evaluation client"),
     "train": ("tutorial_utils.train.cli", "train a policy family (mini, mlp, ...)"),
+    "runs": ("tutorial_utils.runs.cli", "list, stop, pause, resume, roll back, copy, delete and export runs"),
     "pipeline": (
         "tutorial_utils.pipeline",
         "the main job: record -> train -> evaluate -> promote (reuses finished runs)",

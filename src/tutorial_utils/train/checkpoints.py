@@ -1,6 +1,8 @@
 """Checkpoint directories of a run: ``step_*``, ``last`` (a relative symlink), ``best``; the
 run directory's lock (one training process per ``output_dir``) and the clean-up of the
-temporary folders an interrupted save leaves behind."""
+temporary folders an interrupted save leaves behind; finding a checkpoint by name
+(``resume_from``), keep-last-N pruning that spares ``last`` and ``best``, and the discarding of
+a run's later checkpoints when it resumes from an earlier one."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ import socket
 import time
 from pathlib import Path
 
-from tutorial_utils.errors import TutorialError
+from tutorial_utils.errors import ConfigError, TutorialError
 
+CHECKPOINTS_DIR = "checkpoints"
+BEST = "best"
 TRAIN_STATE_FILE = "training_state.pt"
 TRAIN_STATE_JSON = "training_state.json"
 METRICS_FILE = "metrics.jsonl"
@@ -26,6 +30,10 @@ _STALE_TEMP = re.compile(r"^\.(?:step_\d+|best|last)\.tmp-")
 
 class OutputDirInUse(TutorialError, RuntimeError):
     """Another training process holds the run directory's lock."""
+
+
+class CheckpointNotFound(ConfigError, LookupError):
+    """A checkpoint named by the user (``resume_from``, rollback, mark-best) does not exist."""
 
 
 # --- one training process per run directory -----------------------------------------------------
@@ -117,3 +125,134 @@ def slow_save_hook() -> None:
     delay = float(os.environ.get("TUTORIAL_TRAIN_SAVE_DELAY", "0") or 0)
     if delay > 0:
         time.sleep(delay)
+
+
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` is a resumable checkpoint (policy files and the training state)."""
+    return (Path(path) / TRAIN_STATE_JSON).is_file() and (Path(path) / TRAIN_STATE_FILE).is_file()
+
+
+def step_dirs(ckpt_root: Path) -> list[Path]:
+    """The complete ``step_*`` checkpoints, oldest first."""
+    root = Path(ckpt_root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step_*") if p.is_dir() and not p.is_symlink() and is_complete(p))
+
+
+def last_target(ckpt_root: Path) -> str | None:
+    """The name of the ``step_*`` folder ``last`` points to, or None."""
+    last = Path(ckpt_root) / "last"
+    return os.readlink(last) if last.is_symlink() else None
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step a checkpoint was saved at (training_state.json, else config.json), or None."""
+    for name in (TRAIN_STATE_JSON, "config.json"):
+        try:
+            step = json.loads((Path(path) / name).read_text(encoding="utf-8")).get("step")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(step, int):
+            return step
+    return None
+
+
+def resolve_checkpoint(ckpt_root: Path, ref: str | os.PathLike, resumable: bool = True) -> Path:
+    """The checkpoint ``ref`` names: ``last``, ``best``, a ``step_*`` name under ``ckpt_root``, a
+    step number, or a path. ``resumable`` also asks for the training state (``best`` holds only
+    the weights). A :class:`CheckpointNotFound` lists what exists."""
+    root = Path(ckpt_root)
+    text = os.fspath(ref).strip()
+    if text.isdigit():
+        text = step_dir_name(int(text))
+    if text == "last":
+        found = find_last(root) if root.is_dir() else None
+        path = found if found is not None else root / "last"
+    elif os.sep in text or "/" in text:
+        path = Path(text)
+    else:
+        path = root / text
+    ok = path.is_dir() and (is_complete(path) if resumable else (path / "config.json").is_file())
+    if ok:
+        return path.resolve() if path.is_symlink() else path
+    names = [p.name for p in step_dirs(root)] + ([BEST] if (root / BEST).is_dir() and not resumable else [])
+    why = (
+        "it holds only the weights, not the optimizer state a resume needs; pick a step_* checkpoint"
+        if resumable and path.name == BEST and path.is_dir()
+        else "it does not exist or is incomplete"
+    )
+    raise CheckpointNotFound(
+        f"checkpoint {os.fspath(ref)!r} ({path}): {why}. Checkpoints of {root.parent.name or root}: "
+        f"{', '.join(names) or 'none'}{' (and last)' if (root / 'last').exists() else ''}."
+    )
+
+
+def best_step(ckpt_root: Path) -> int | None:
+    """The step of the model in ``best`` (the step it was validated at, or the checkpoint it was marked from)."""
+    try:
+        meta = json.loads((Path(ckpt_root) / BEST / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    marked = meta.get("best") if isinstance(meta.get("best"), dict) else {}
+    step = marked.get("step", meta.get("step"))
+    return step if isinstance(step, int) else None
+
+
+def marked_by_hand(ckpt_root: Path) -> bool:
+    """Whether ``best`` was chosen by hand (``runs.mark_best``): the loop then leaves it alone."""
+    try:
+        meta = json.loads((Path(ckpt_root) / BEST / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta.get("best"), dict) and meta["best"].get("by") == "hand"
+
+
+def remove_checkpoint(path: Path) -> int:
+    """Delete a checkpoint folder: renamed first to a temporary name (an interrupted delete is
+    cleaned by :func:`remove_stale_temps`), then removed. Returns the bytes freed."""
+    path = Path(path)
+    size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+    doomed = path.parent / f".{path.name}.tmp-del-{os.getpid()}"
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+    return size
+
+
+def prune(ckpt_root: Path, keep_last: int, protect: tuple[str, ...] = ()) -> list[str]:
+    """Keep the newest ``keep_last`` ``step_*`` checkpoints and delete the older ones, never the
+    one ``last`` points to, nor the one ``best`` came from, nor the names in ``protect``.
+    ``keep_last=0`` keeps all. Returns the deleted names."""
+    if keep_last <= 0:
+        return []
+    root = Path(ckpt_root)
+    steps = step_dirs(root)
+    keep = {p.name for p in steps[-keep_last:]} | set(protect)
+    if (target := last_target(root)) is not None:
+        keep.add(target)
+    if (b := best_step(root)) is not None:
+        keep.add(step_dir_name(b))
+    gone = []
+    for p in steps:
+        if p.name not in keep:
+            remove_checkpoint(p)
+            gone.append(p.name)
+    return gone
+
+
+def discard_after(ckpt_root: Path, step: int) -> list[str]:
+    """Resuming in place from an earlier checkpoint: delete the ``step_*`` checkpoints after
+    ``step`` (a future the run no longer has) and ``best`` when it came from after ``step``.
+    Returns the deleted names."""
+    root = Path(ckpt_root)
+    gone = []
+    for p in sorted(root.glob("step_*")):
+        s = checkpoint_step(p)
+        if p.is_dir() and not p.is_symlink() and s is not None and s > step:
+            remove_checkpoint(p)
+            gone.append(p.name)
+    b = best_step(root)
+    if b is not None and b > step and (root / BEST).is_dir():
+        remove_checkpoint(root / BEST)
+        gone.append(BEST)
+    return gone

@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     except TutorialError as exc:  # config, dataset, checkpoint and statistics errors carry their own fix
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if res.stopped_by:
-        return 128 + int(getattr(signal, res.stopped_by))
+    sig = getattr(signal, res.stopped_by, None) if res.stopped_by else None
+    if sig is not None:  # stopped by a signal: the shell's 128 + N; a control-file stop or pause is a normal exit
+        return 128 + int(sig)
     return 0
 
 

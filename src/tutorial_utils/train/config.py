@@ -83,6 +83,11 @@ class TrainConfig:
         "(checkpoint, final_model); a budget for the CPU chain. 0: no limit",
     )
     save_checkpoint: bool = _p(True, "write checkpoints (step_*, last, best); off: only final_model")
+    keep_last: int = _p(
+        0,
+        "keep only the newest N step_* checkpoints (never the one `last` points to, nor `best` and the "
+        "step_* it came from); 0: keep all",
+    )
     optimizer_lr: float = _p(1e-4, "peak learning rate of AdamW (1e-5..1e-4; lower when fine-tuning)", "optimizer")
     optimizer_weight_decay: float = _p(1e-4, "AdamW weight decay (0.0..0.01)", "optimizer")
     optimizer_grad_clip_norm: float = _p(1.0, "clip the gradient norm to this (1.0); 0 disables", "optimizer")
@@ -109,6 +114,13 @@ class TrainConfig:
         "dit4dit",
     )
     resume: bool = _p(False, "continue the run in output_dir from checkpoints/last (exact: same losses)", "dit4dit")
+    resume_from: str | None = _p(
+        None,
+        "resume from this checkpoint instead of last: a name under output_dir/checkpoints (step_000300) or a "
+        "path; implies resume=true. Later step_* checkpoints of the run are discarded (runs.rollback forks "
+        "instead). None: checkpoints/last",
+        "dit4dit",
+    )
     keep_final_model: bool = _p(
         False,
         "keep output_dir/final_model (env KEEP_FINAL_MODEL=1 does the same); "
@@ -177,6 +189,7 @@ class TrainConfig:
             "scheduler_decay_steps",
             "num_threads",
             "augment_shift",
+            "keep_last",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")

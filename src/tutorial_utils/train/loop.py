@@ -4,11 +4,17 @@
 feeds it batches in LeRobot's key names and calls only the seam (``loss``, ``predict``,
 checkpoints): it knows no family. Its parts are named: :class:`RunLog` (train.log, metrics.jsonl,
 the progress bar), :class:`Checkpointer` (``step_*``, ``last``, ``best``, resume),
-:class:`Validator` (the held-out action error) and :class:`StopSignals` (SIGINT/SIGTERM).
+:class:`Validator` (the held-out action error), :class:`StopSignals` (SIGINT/SIGTERM/SIGUSR1),
+:class:`ControlFile` (``control.json``: stop or pause from a notebook or another shell) and
+:class:`TrainingStatus` (the ``training`` heartbeat in ``status.json``).
 
 A run directory (``output_dir``) is self-describing::
 
-    train_config.json          every parameter as resolved, plus the policy config
+    train_config.json          every parameter as resolved, plus the policy config, and the run's
+                               history: `changes` (parameters changed on resume: step, old, new),
+                               `resumes`, `copied_from` / `forked_from`
+    status.json                `training`: state, step/total, ETA, a heartbeat (pid, host, updated)
+    control.json               a command for the running loop: {"command": "stop" | "pause"}
     dataset_statistics.json    the normalisation the policy uses (DiT4DiT's name and place)
     train.log                  the DiT4DiT-format log lines (tutorial_utils.logs constants)
     metrics.jsonl              one row per log step (loss, lr, grad norm, samples/s, data wait)
@@ -20,9 +26,16 @@ A run directory (``output_dir``) is self-describing::
 
 Resume (``resume=true``) restores model, optimizer, scheduler, RNG and step; the data order and
 the flow-matching noise are pure functions of (seed, step), so a resumed run's losses equal the
-uninterrupted run's. SIGINT/SIGTERM stop after the current step with a checkpoint. Runs as
-plain Python or under ``accelerate launch --num_processes N`` (DDP; each rank reads its own
-slice of every global batch).
+uninterrupted run's. ``resume_from`` resumes from another checkpoint than ``last`` (the run's
+later checkpoints are discarded). On resume only :data:`RESUME_CHANGEABLE` parameters may differ
+from ``train_config.json`` (each change is recorded); any other is a :class:`ConfigError`.
+
+SIGINT/SIGTERM/SIGUSR1 (a cluster's pre-emption notice) and a ``stop`` in ``control.json`` stop
+after the current step with a checkpoint (``stopped_by``: the signal's name or ``control:stop``);
+``pause`` does the same and records the run as paused (``control:pause``). The loop polls the
+control file once per step (one ``stat``). Runs as plain Python or under ``accelerate launch
+--num_processes N`` (DDP; each rank reads its own slice of every global batch; the stop decision
+is shared by all ranks in the same step).
 
 One training process per run directory: the main process holds an exclusive lock on
 ``output_dir/.train.lock`` for the whole run (a second process fails at once, naming the
@@ -35,6 +48,7 @@ CLI: ``python -m tutorial_utils train --dataset DIR --output-dir DIR key=value .
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import json
 import math
 import os
@@ -60,10 +74,14 @@ from tutorial_utils.train.checkpoints import (
     TRAIN_STATE_FILE,
     TRAIN_STATE_JSON,
     OutputDirInUse,
+    discard_after,
     find_last,
     lock_output_dir,
+    marked_by_hand,
     point_last,
+    prune,
     remove_stale_temps,
+    resolve_checkpoint,
     slow_save_hook,
     step_dir_name,
 )
@@ -80,6 +98,28 @@ from tutorial_utils.train.data import (
 LOG_FILE = "train.log"
 CONFIG_FILE = "train_config.json"
 SUMMARY_FILE = "summary.json"
+CONTROL_FILE = "control.json"
+#: What ``control.json`` may ask of a running loop.
+CONTROL_COMMANDS = ("stop", "pause")
+#: ``stopped_by`` of a run stopped through ``control.json``.
+CONTROL_STOP, CONTROL_PAUSE = "control:stop", "control:pause"
+#: The parameters a resume may change (each change is recorded in train_config.json's ``changes``).
+RESUME_CHANGEABLE = ("optimizer_lr", "steps", "eval_freq", "log_freq", "save_freq", "time_limit_min")
+#: Parameters that say how or where a process runs, not what it trains: free to differ on resume.
+RESUME_FREE = (
+    "resume",
+    "resume_from",
+    "output_dir",
+    "run_id",
+    "progress",
+    "num_workers",
+    "num_threads",
+    "device",
+    "data_cache_mb",
+    "keep_final_model",
+    "keep_last",
+    "pretrained_checkpoint",
+)
 
 
 class NonFiniteLoss(TutorialError, FloatingPointError):
@@ -134,8 +174,13 @@ class TrainResult:
     summary: dict
 
 
+#: The signals that stop the loop after the current step with a checkpoint (SIGUSR1: a cluster's
+#: pre-emption notice, e.g. Slurm's ``--signal=USR1@120``).
+STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGUSR1", None)) if s is not None)
+
+
 class StopSignals:
-    """SIGINT/SIGTERM set a flag the loop reads after each step (a second Ctrl-C stops at once)."""
+    """SIGINT/SIGTERM/SIGUSR1 set a flag the loop reads after each step (a second Ctrl-C stops at once)."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -146,7 +191,7 @@ class StopSignals:
 
         if threading.current_thread() is not threading.main_thread():
             return
-        for s in (signal.SIGINT, signal.SIGTERM):
+        for s in STOP_SIGNALS:
             self._old[s] = signal.getsignal(s)
             signal.signal(s, self._handle)
 
@@ -158,6 +203,137 @@ class StopSignals:
     def restore(self) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
+
+
+class ControlFile:
+    """``<output_dir>/control.json``, polled by the main process once per step: a ``stat`` (one
+    system call) and a read only when the file changed. ``{"command": "stop"}`` or ``"pause"``
+    ends the run after the current step with a checkpoint; the loop acknowledges it in the file
+    (``acknowledged``: step, time, pid). A file that is not such JSON is ignored with a warning.
+    A command already in the file when training starts is acted on only if it was written after
+    this process started (``time``), so an old ``pause`` never stops the resumed run."""
+
+    def __init__(self, out: Path, main: bool, started: float, warn: Callable[[str], None]):
+        self.path, self.main, self.warn = Path(out) / CONTROL_FILE, main, warn
+        self.seen = self._stamp() if main else None
+        if self.seen is not None:
+            data = self._read(quiet=True)
+            fresh = isinstance(data, dict) and not data.get("acknowledged")
+            if fresh and isinstance(data.get("time"), (int, float)) and data["time"] >= started:
+                self.seen = None  # written while this process was starting: act on it
+            elif fresh and data.get("command") in CONTROL_COMMANDS:
+                warn(
+                    f"warning: {self.path} asks to {data['command']!r} but was written before this training "
+                    "process started; ignored (write it again to act on this run)."
+                )
+
+    def _stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size, st.st_ino
+
+    def _read(self, quiet: bool = False) -> Any:
+        try:
+            return json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            if not quiet:
+                self.warn(
+                    f"warning: {self.path} is not JSON ({type(exc).__name__}: {str(exc)[:80]}); ignored. Write "
+                    f'{{"command": "stop"}} or {{"command": "pause"}} (runs.stop / runs.pause do it for you).'
+                )
+            return None
+
+    def poll(self) -> str | None:
+        """The new command (``stop``, ``pause``) since the last poll, or None."""
+        if not self.main:
+            return None
+        stamp = self._stamp()
+        if stamp is None or stamp == self.seen:
+            return None
+        self.seen = stamp
+        data = self._read()
+        if data is None:
+            return None
+        cmd = data.get("command") if isinstance(data, dict) else None
+        if isinstance(data, dict) and data.get("acknowledged"):
+            return None
+        if cmd not in CONTROL_COMMANDS:
+            self.warn(f"warning: {self.path}: command {cmd!r} is not one of {', '.join(CONTROL_COMMANDS)}; ignored.")
+            return None
+        return cmd
+
+    def acknowledge(self, cmd: str, step: int) -> None:
+        """Record in the file that ``cmd`` was acted on at ``step``."""
+        if not self.main:
+            return
+        data = self._read(quiet=True)
+        data = data if isinstance(data, dict) else {"command": cmd}
+        data["acknowledged"] = {"command": cmd, "step": step, "time": time.time(), "pid": os.getpid()}
+        with contextlib.suppress(OSError):
+            atomic_write_json(self.path, data)
+        self.seen = self._stamp()
+
+
+class TrainingStatus:
+    """The ``training`` entry of ``<output_dir>/status.json`` (merged under the job runner's lock,
+    :func:`tutorial_utils.jobs.update_status`): state (running, paused, stopped, finished,
+    failed), step, total, ETA, wall time and a heartbeat (pid, host, updated) refreshed every
+    :data:`tutorial_utils.jobs.HEARTBEAT_S` seconds by a daemon thread, so a killed run reads as
+    ``stale`` (:func:`tutorial_utils.jobs.run_state`). Main process only; a failed write (full
+    disk) never stops training."""
+
+    def __init__(self, out: Path, main: bool, total: int, start_step: int, wall_before: float):
+        import threading
+
+        self.out, self.main, self.total, self.start_step = Path(out), main, total, start_step
+        self.step, self.t0, self.wall_before = start_step, time.perf_counter(), wall_before
+        self.started = _dt.datetime.now().isoformat(timespec="seconds")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="train-heartbeat", daemon=True)
+
+    def fields(self, state: str, **extra: Any) -> dict:
+        from tutorial_utils import jobs
+
+        elapsed = time.perf_counter() - self.t0
+        done = self.step - self.start_step
+        eta = (self.total - self.step) * elapsed / done if done > 0 and state == "running" else None
+        return {
+            "state": state,
+            "step": self.step,
+            "total": self.total,
+            "eta_s": round(eta, 1) if eta is not None else None,
+            "started": self.started,
+            "wall_s": round(self.wall_before + elapsed, 3),
+            **jobs.heartbeat_fields(),
+            **extra,
+        }
+
+    def write(self, state: str, **extra: Any) -> None:
+        if not self.main:
+            return
+        from tutorial_utils import jobs
+
+        with contextlib.suppress(OSError):
+            jobs.update_status(self.out, training=self.fields(state, **extra))
+
+    def _beat(self) -> None:
+        from tutorial_utils import jobs
+
+        while not self._stop.wait(jobs.HEARTBEAT_S):
+            self.write("running")
+
+    def start(self) -> None:
+        if self.main:
+            self.write("running", stopped_by=None, error=None)
+            self._thread.start()
+
+    def close(self, state: str, **extra: Any) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        self.write(state, eta_s=None, **extra)
 
 
 class RunLog:
@@ -262,7 +438,8 @@ class RunLog:
 
 class Checkpointer:
     """``checkpoints/step_*`` (policy files + optimizer, scheduler and RNG state), ``last`` (a
-    relative symlink to the newest) and ``best`` (the lowest validation action error)."""
+    relative symlink to the newest) and ``best`` (the lowest validation action error, unless
+    chosen by hand with ``runs.mark_best``); ``keep_last`` prunes older ``step_*`` after a save."""
 
     def __init__(self, out: Path, cfg: TrainConfig, run_id: str, main: bool, world: int, dataset_meta: dict):
         self.root, self.cfg, self.run_id, self.main, self.world = out / "checkpoints", cfg, run_id, main, world
@@ -271,6 +448,8 @@ class Checkpointer:
 
     def resume_point(self) -> Path | None:
         """The checkpoint to resume from; refuses to start a fresh run over an old one."""
+        if self.cfg.resume_from:
+            return resolve_checkpoint(self.root, self.cfg.resume_from)
         if self.cfg.resume:
             found = find_last(self.root)
             if found is None:
@@ -345,6 +524,9 @@ class Checkpointer:
                 },
             )
         point_last(self.root, target)
+        gone = prune(self.root, self.cfg.keep_last, protect=(target.name,))
+        if gone:
+            print(f"keep_last={self.cfg.keep_last}: removed {', '.join(gone)}", file=sys.stderr)
         return target
 
     def offer_best(self, model, step: int, val: dict) -> bool:
@@ -352,7 +534,7 @@ class Checkpointer:
         improved = self.best["val_action_mae"] is None or val["val_action_mae"] < self.best["val_action_mae"]
         if improved:
             self.best = {"val_action_mae": val["val_action_mae"], "step": step}
-            if self.cfg.save_checkpoint and self.main:
+            if self.cfg.save_checkpoint and self.main and not marked_by_hand(self.root):
                 model.save(self.root / "best", {"dataset": self.dataset_meta, "step": step, "val": val})
         return improved
 
@@ -409,17 +591,19 @@ class _Setup:
     frozen: list
     len_loader: int
     run_id: str
+    wall_before: float = 0.0
 
 
 def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] | None = None) -> TrainResult:
     """Train the policy family ``cfg.policy`` as ``cfg`` says. ``source`` (an ``ArraySource``)
     replaces ``cfg.dataset`` (tests, benchmarks). Returns what happened; writes the run directory.
     Holds the run directory's lock until it returns or raises."""
+    started = time.time()
     with contextlib.ExitStack() as held:
-        return _train(cfg, source, on_step, held)
+        return _train(cfg, source, on_step, held, started)
 
 
-def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack) -> TrainResult:
+def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack, started: float) -> TrainResult:
     s = _prepare(cfg, source, held)
     out, acc, main = Path(cfg.output_dir), s.acc, s.acc.is_main_process
     step, stopped_by, time_limited, last_val = s.start_step, None, False, {}
@@ -441,20 +625,37 @@ def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack) -> Tra
             )
         )
 
+    control = ControlFile(out, main, started, s.run_log)
+    status = TrainingStatus(out, main, cfg.steps, s.start_step, s.wall_before)
     stop = StopSignals()
     stop.install()
+    status.start()
     t_start = time.perf_counter()
     try:
         try:
-            for state in _steps(cfg, s, t_start, stop, on_step, validate):
-                step, stopped_by, time_limited = state
+            try:
+                for state in _steps(cfg, s, t_start, stop, on_step, validate, control, status):
+                    step, stopped_by, time_limited = state
+            finally:
+                stop.restore()
+                s.run_log.close_bar()
+            wall = time.perf_counter() - t_start
+            paths_out = _finish(cfg, s, out, step, stopped_by, time_limited, last_val, validate)
         finally:
-            stop.restore()
-            s.run_log.close_bar()
-        wall = time.perf_counter() - t_start
-        paths_out = _finish(cfg, s, out, step, stopped_by, time_limited, last_val, validate)
-    finally:
-        s.run_log.close()
+            s.run_log.close()
+    except KeyboardInterrupt:
+        status.close(
+            "stopped",
+            stopped_by="SIGINT",
+            error="KeyboardInterrupt: stopped at once, without a checkpoint of this step",
+        )
+        raise
+    except BaseException as exc:
+        status.close("failed", error=f"{type(exc).__name__}: {str(exc)[:500]}")
+        raise
+    if stopped_by in (CONTROL_STOP, CONTROL_PAUSE):
+        control.acknowledge(stopped_by.split(":", 1)[1], step)
+    run_state = "paused" if stopped_by == CONTROL_PAUSE else "stopped" if stopped_by else "finished"
     rl = s.run_log
     summary = {
         "run_id": s.run_id,
@@ -471,6 +672,8 @@ def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack) -> Tra
         "first_loss": rl.losses[0][1] if rl.losses else None,
         "last_loss": rl.losses[-1][1] if rl.losses else None,
         "wall_s": round(wall, 3),
+        "wall_s_total": round(s.wall_before + wall, 3),
+        "state": run_state,
         "samples_per_s": (step - s.start_step) * cfg.batch_size * acc.num_processes / max(rl.total_time, 1e-9),
         "data_wait_share": rl.total_wait / max(rl.total_time, 1e-9),
         "best": s.ckpt.best,
@@ -482,10 +685,26 @@ def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack) -> Tra
     }
     if main:
         atomic_write_json(out / SUMMARY_FILE, summary)
+    status.step = step
+    status.close(run_state, stopped_by=stopped_by, error=None)
     return TrainResult(out, step, rl.losses, stopped_by, summary)
 
 
-def _steps(cfg: TrainConfig, s: _Setup, t_start: float, stop: StopSignals, on_step, validate):
+#: ``control.json`` commands as numbers, so ranks can share them in one tensor.
+_CONTROL_CODES = {None: 0, "stop": 1, "pause": 2}
+_CONTROL_STOPPED_BY = {"stop": CONTROL_STOP, "pause": CONTROL_PAUSE}
+
+
+def _steps(
+    cfg: TrainConfig,
+    s: _Setup,
+    t_start: float,
+    stop: StopSignals,
+    on_step,
+    validate,
+    control: ControlFile,
+    status: TrainingStatus,
+):
     """The optimisation steps; yields ``(step, stopped_by, time_limited)`` after each one."""
     import torch
 
@@ -532,16 +751,21 @@ def _steps(cfg: TrainConfig, s: _Setup, t_start: float, stop: StopSignals, on_st
             on_step(step, values["total_loss"])
         if (cfg.eval_freq and step % cfg.eval_freq == 0) or step == cfg.steps:
             validate(step)
+        status.step = step
         sig = stop.signum
+        cmd = control.poll()  # the main process reads the file; the others learn it below
         over = bool(cfg.time_limit_min) and time.perf_counter() - t_start > 60.0 * cfg.time_limit_min
         if world > 1:  # every rank must take the same decision in the same step
-            flags = acc.reduce(
-                torch.tensor([1.0 if sig else 0.0, 1.0 if over else 0.0], device=acc.device), reduction="sum"
-            )
-            sig = stop.signum or (signal.SIGTERM if float(flags[0]) > 0 else None)
+            mine = [float(sig or 0), 1.0 if over else 0.0, float(_CONTROL_CODES[cmd])]
+            flags = acc.gather(torch.tensor([mine], device=acc.device)).reshape(world, -1).amax(0)
+            sig = stop.signum or (int(flags[0]) or None)
             over = float(flags[1]) > 0
+            cmd = {v: k for k, v in _CONTROL_CODES.items()}[int(flags[2])]
         if sig:
             yield step, signal.Signals(sig).name, False
+            return
+        if cmd:
+            yield step, _CONTROL_STOPPED_BY[cmd], False
             return
         if over:
             s.run_log(L.TRAIN_TIME_LIMIT.format(minutes=cfg.time_limit_min, step=step))
@@ -602,6 +826,93 @@ def _lock(out: Path, acc, main: bool, held: contextlib.ExitStack) -> None:
             )
 
 
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def config_changes(saved: dict, cfg: TrainConfig) -> list[dict]:
+    """The parameters of ``cfg`` that differ from a run's ``train_config.json`` (``saved``), as
+    ``{"name", "old", "new"}``; parameters in :data:`RESUME_FREE` do not count, nor a parameter
+    the saved run did not have yet. Family parameters are named ``policy.<name>``."""
+    new = json.loads(json.dumps(cfg.to_dict(), default=str))
+    old = saved.get("train") or {}
+    old_policy = saved.get("policy_config") or old.get("policy_config") or {}
+    out = []
+    for name, value in new.items():
+        if name in RESUME_FREE or name == "policy_config" or name not in old:
+            continue
+        before = old[name]
+        if name == "dataset" and before and value and Path(before).resolve() == Path(value).resolve():
+            continue
+        if before != value:
+            out.append({"name": name, "old": before, "new": value})
+    for name, value in (new.get("policy_config") or {}).items():
+        if name in old_policy and old_policy[name] != value:
+            out.append({"name": f"policy.{name}", "old": old_policy[name], "new": value})
+    return out
+
+
+def run_history(out: Path, cfg: TrainConfig, resume_from: Path | None) -> tuple[dict, set[str]]:
+    """What train_config.json carries over from the run's earlier invocations (``copied_from``,
+    ``forked_from``, ``changes``, ``resumes``) and the names changed by this resume. A resume that
+    changes a parameter outside :data:`RESUME_CHANGEABLE` is a :class:`ConfigError` naming it."""
+    saved = _read_json(out / CONFIG_FILE)
+    history = {k: saved[k] for k in ("copied_from", "forked_from") if k in saved}
+    if resume_from is None:
+        return history, set()
+    step = int(_read_json(resume_from / TRAIN_STATE_JSON).get("step", 0))
+    diffs = config_changes(saved, cfg) if saved.get("train") else []
+    bad = [d for d in diffs if d["name"] not in RESUME_CHANGEABLE]
+    if bad:
+        shown = "; ".join(f"{d['name']}: {d['old']!r} -> {d['new']!r}" for d in bad)
+        raise ConfigError(
+            f"resume of {out} changes {', '.join(d['name'] for d in bad)} ({shown}), which a resume cannot change "
+            f"(the checkpoint was trained with the old value; see {out / CONFIG_FILE}). Only "
+            f"{', '.join(RESUME_CHANGEABLE)} may change on resume. Put it back, or start a new run with it: "
+            "runs.copy(run, name=value) (`python -m tutorial_utils runs copy RUN name=value`)."
+        )
+    if cfg.steps < step:
+        raise ConfigError(
+            f"steps={cfg.steps} is below the step of the checkpoint to resume ({resume_from.name}, step {step}); "
+            f"pass steps >= {step}."
+        )
+    now = _dt.datetime.now().isoformat(timespec="seconds")
+    changes = list(saved.get("changes", [])) + [{"step": step, **d, "time": now} for d in diffs]
+    resumes = list(saved.get("resumes", [])) + [{"step": step, "from": resume_from.name, "time": now}]
+    return {**history, "changes": changes, "resumes": resumes}, {d["name"] for d in diffs}
+
+
+def _wall_before(out: Path) -> float:
+    """Training seconds the run spent before this resume: the last heartbeat's (a killed run
+    too), else the summary's."""
+    from tutorial_utils.jobs import read_status
+
+    training = read_status(out).get("training") or {}
+    summary = _read_json(out / SUMMARY_FILE)
+    for v in (training.get("wall_s"), summary.get("wall_s_total"), summary.get("wall_s")):
+        if isinstance(v, (int, float)):
+            return float(v)
+    return 0.0
+
+
+def _rewind(root: Path, resume_from: Path) -> None:
+    """Resume in place from an earlier checkpoint: its later checkpoints go, ``last`` points at it."""
+    step = int(_read_json(resume_from / TRAIN_STATE_JSON).get("step", 0))
+    gone = discard_after(root, step)
+    if resume_from.parent.resolve() == root.resolve():
+        point_last(root, resume_from)
+    if gone:
+        print(
+            f"resume_from={resume_from.name}: removed the later checkpoint(s) {', '.join(gone)} "
+            "(runs.rollback keeps the old run and forks a new one instead)",
+            file=sys.stderr,
+        )
+
+
 def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     """Accelerate, the run directory and its lock, the data, the model, the optimiser, and a resume."""
     import torch
@@ -655,7 +966,11 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     }  # LIBERO LeRobot data (IPEC, our recordings): 1 open, -1 close
     ckpt = Checkpointer(out, cfg, run_id, main, world, dataset_meta)
     resume_from = ckpt.resume_point()
+    history, changed = run_history(out, cfg, resume_from)  # every rank reads before the main one writes
+    wall_before = _wall_before(out) if resume_from is not None else 0.0
     acc.wait_for_everyone()
+    if main and cfg.resume_from and resume_from is not None:
+        _rewind(ckpt.root, resume_from)
 
     # model
     torch.manual_seed(cfg.seed)
@@ -675,6 +990,12 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     start_step = ckpt.restore(resume_from, policy, optimizer, scheduler) if resume_from is not None else 0
+    if changed & {"optimizer_lr", "steps"}:  # the restored scheduler still holds the old peak and length
+        scheduler.base_lrs = [cfg.optimizer_lr for _ in scheduler.base_lrs]
+        for group in optimizer.param_groups:
+            group["initial_lr"] = cfg.optimizer_lr
+            group["lr"] = cfg.optimizer_lr * lr_factor(scheduler.last_epoch, cfg)
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
     model, optimizer = acc.prepare(policy, optimizer)
 
     if main:
@@ -694,6 +1015,7 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
                     "val_frames": len(val_idx),
                     "image_shape": list(getattr(source, "image_shape", [])),
                 },
+                **history,
             },
         )
         atomic_write_json(out / STATS_FILE, source.statistics)
@@ -730,6 +1052,7 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
         frozen,
         len_loader,
         run_id,
+        wall_before,
     )
 
 

@@ -1,0 +1,162 @@
+"""A run's checkpoints: the listing, ``best`` by hand, keep-last-N, evaluated success rates.
+
+``checkpoints/step_*`` are complete, resumable checkpoints (policy files + training state);
+``last`` is a symlink to the newest; ``best`` holds the weights of the lowest validation action
+error (or, after :func:`mark_best`, the checkpoint chosen by hand: the training loop then leaves
+it alone). Pruning (:func:`prune`, and the loop's ``keep_last``) never deletes ``last``'s target,
+``best``, nor the ``step_*`` that ``best`` came from.
+
+An evaluated success rate is shown when a results file is known for the checkpoint: one passed
+in ``results`` (``{checkpoint name: results.json}``), ``<checkpoint>/results.json``, or one
+attached with :func:`attach_results` (``<run>/evaluations/<name>/results.json``). Each rate
+comes with its 95% Wilson interval.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tutorial_utils.io import atomic_dir, atomic_write_json
+from tutorial_utils.runs.registry import RunBusy, _json, disk_bytes, read_metrics, resolve, run_state
+from tutorial_utils.train import checkpoints as ck
+
+#: where :func:`attach_results` keeps an evaluation's results.json, per checkpoint name
+EVALUATIONS_DIR = "evaluations"
+RESULTS_FILE = "results.json"  # the evaluation's file (tutorial_utils.evaluate.loop.RESULTS_FILE)
+#: the policy files a checkpoint shares with ``best`` and an exported bundle
+POLICY_FILES = ("model.safetensors", "config.json", "dataset_statistics.json")
+
+
+def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
+    """The Wilson score interval of a success rate (95% by default); None for no episodes."""
+    if n <= 0:
+        return None
+    p = successes / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def _results(run: Path, name: str, path: Path, given: Mapping[str, Any] | None) -> dict | None:
+    cands = []
+    if given and name in given:
+        cands.append(Path(given[name]))
+    cands += [path / RESULTS_FILE, run / EVALUATIONS_DIR / name / RESULTS_FILE]
+    for c in cands:
+        data = _json(c)
+        if data.get("total_episodes"):
+            n, k = int(data["total_episodes"]), int(data.get("total_successes", 0))
+            return {"success_rate": k / n, "episodes": n, "successes": k, "ci95": wilson(k, n), "results": str(c)}
+    return None
+
+
+def _val_at(rows: list[dict], step: int | None) -> dict:
+    """The validation row of ``step`` (the loop validates before it saves), else {}."""
+    found = {}
+    for r in rows:
+        if "val_action_mae" in r and r.get("step") == step:
+            found = r
+    return {k: v for k, v in found.items() if k.startswith("val_")}
+
+
+def list_checkpoints(
+    run: str | os.PathLike, runs_dir: str | os.PathLike | None = None, results: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """One row per checkpoint (``step_*`` oldest first, then ``best``): name, step, time
+    (ISO), bytes, reason (periodic, final, SIGTERM, control:stop...), is_last, is_best,
+    resumable, the validation metrics at its step (``val_action_mae``...) and, when a results
+    file is known, ``success_rate``, ``episodes`` and ``ci95`` (Wilson)."""
+    d = resolve(run, runs_dir)
+    root = d / ck.CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    rows = read_metrics(d)
+    last = ck.last_target(root)
+    best_step = ck.best_step(root)
+    out = []
+    dirs = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.is_symlink())
+    if (root / ck.BEST).is_dir():
+        dirs.append(root / ck.BEST)
+    for p in dirs:
+        state = _json(p / ck.TRAIN_STATE_JSON)
+        conf = _json(p / "config.json")
+        step = ck.checkpoint_step(p)
+        when = state.get("time")
+        if not isinstance(when, (int, float)):
+            when = p.stat().st_mtime
+        val = _val_at(rows, step) or {k: v for k, v in (conf.get("val") or {}).items() if k.startswith("val_")}
+        marked = conf.get("best") if isinstance(conf.get("best"), dict) else {}
+        row = {
+            "name": p.name,
+            "step": step,
+            "time": _dt.datetime.fromtimestamp(when).isoformat(timespec="seconds"),
+            "bytes": disk_bytes(p),
+            "reason": state.get("reason") or ("best (by hand)" if marked.get("by") == "hand" else "best"),
+            "is_last": p.name == last,
+            "is_best": p.name == ck.BEST or (best_step is not None and step == best_step),
+            "resumable": ck.is_complete(p),
+            **val,
+        }
+        ev = _results(d, p.name, p, results)
+        if ev:
+            row.update(ev)
+        out.append(row)
+    return out
+
+
+def attach_results(
+    run: str | os.PathLike, checkpoint: str, results_json: str | os.PathLike, runs_dir: str | os.PathLike | None = None
+) -> Path:
+    """Record an evaluation of ``checkpoint`` (its ``results.json``) in the run, so the listing
+    shows its success rate."""
+    d = resolve(run, runs_dir)
+    path = ck.resolve_checkpoint(d / ck.CHECKPOINTS_DIR, checkpoint, resumable=False)
+    data = json.loads(Path(results_json).read_text(encoding="utf-8"))
+    return atomic_write_json(d / EVALUATIONS_DIR / path.name / RESULTS_FILE, data)
+
+
+def mark_best(run: str | os.PathLike, checkpoint: str, runs_dir: str | os.PathLike | None = None) -> Path:
+    """Make ``checkpoint`` the run's ``best`` by hand: its policy files are copied into
+    ``checkpoints/best`` (replaced atomically), whose config.json records ``best: {by: hand,
+    from, step, time}``. The training loop then no longer replaces ``best`` on a lower
+    validation error. Returns the ``best`` directory."""
+    d = resolve(run, runs_dir)
+    root = d / ck.CHECKPOINTS_DIR
+    src = ck.resolve_checkpoint(root, checkpoint, resumable=False)
+    if src.name == ck.BEST:
+        raise ck.CheckpointNotFound(f"{checkpoint!r} is best already; name the step_* checkpoint to mark.")
+    step = ck.checkpoint_step(src)
+    conf = _json(src / "config.json")
+    with atomic_dir(root / ck.BEST) as tmp:
+        for name in POLICY_FILES:
+            if name != "config.json":
+                shutil.copy2(src / name, tmp / name)
+        val = _val_at(read_metrics(d), step)
+        conf["best"] = {
+            "by": "hand",
+            "from": src.name,
+            "step": step,
+            "time": _dt.datetime.now().isoformat(timespec="seconds"),
+        }
+        if val:
+            conf["val"] = val
+        atomic_write_json(tmp / "config.json", conf)
+    return root / ck.BEST
+
+
+def prune(run: str | os.PathLike, keep_last: int, runs_dir: str | os.PathLike | None = None) -> list[str]:
+    """Keep the newest ``keep_last`` ``step_*`` checkpoints of a run that is not running (the
+    loop's ``keep_last`` does it during training); ``last``'s target and ``best`` stay. Returns
+    the deleted names."""
+    d = resolve(run, runs_dir)
+    if run_state(d) == "running":
+        raise RunBusy(f"run {d.name} is running; pass keep_last to the training run instead, or stop it first.")
+    return ck.prune(d / ck.CHECKPOINTS_DIR, keep_last)

@@ -1,0 +1,147 @@
+"""``python -m tutorial_utils runs ...``: list, show, copy, start, delete, stop, pause, resume,
+rollback, checkpoints, mark-best, prune, export, verify."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from tutorial_utils.errors import TutorialError
+from tutorial_utils.io import human_bytes
+
+
+def _kv(items: list[str]) -> dict[str, str]:
+    from tutorial_utils.params import parse_overrides
+
+    return parse_overrides(items)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m tutorial_utils runs",
+        description="Watch, steer and ship training runs (run = a run id under runs/ or a path).",
+    )
+    ap.add_argument("--runs-dir", default=None, help="where runs live (default: runs/, or TUTORIAL_RUNS_DIR)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="every run: job, state, step/total, best, wall time, size")
+    p = sub.add_parser("show", help="one run in full (JSON)")
+    p.add_argument("run")
+    p = sub.add_parser("copy", help="a new run with the same parameters plus key=value overrides (not started)")
+    p.add_argument("run")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--start", action="store_true", help="start it now and wait for it")
+    p = sub.add_parser("start", help="start a copy")
+    p.add_argument("run")
+    p = sub.add_parser("delete", help="delete a run that is not running; prints the space freed")
+    p.add_argument("run")
+    for name, what in (("stop", "finish the step, checkpoint, exit"), ("pause", "like stop, recorded as paused")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("run")
+        p.add_argument("--wait", action="store_true", help="wait until the run has stopped")
+        p.add_argument("--timeout", type=float, default=600.0)
+    p = sub.add_parser("resume", help="continue a run (exact), optionally from a checkpoint and with changes")
+    p.add_argument("run")
+    p.add_argument("changes", nargs="*", metavar="key=value", help="allowed: optimizer_lr, steps, eval_freq, ...")
+    p.add_argument("--from", dest="resume_from", default=None, help="a step_* checkpoint (default: last)")
+    p = sub.add_parser("rollback", help="fork a new run from a checkpoint (the run stays as it is)")
+    p.add_argument("run")
+    p.add_argument("checkpoint")
+    p.add_argument("--dest", default=None)
+    p = sub.add_parser("checkpoints", help="a run's checkpoints: step, time, size, metrics, success rate")
+    p.add_argument("run")
+    p = sub.add_parser("mark-best", help="make a checkpoint the run's best by hand")
+    p.add_argument("run")
+    p.add_argument("checkpoint")
+    p = sub.add_parser("prune", help="keep the newest N step_* checkpoints (never last or best)")
+    p.add_argument("run")
+    p.add_argument("keep_last", type=int)
+    p = sub.add_parser("export", help="write a checkpoint as a verified, self-contained bundle")
+    p.add_argument("checkpoint", help="a checkpoint directory (runs/<id>/checkpoints/best...) or RUN:NAME")
+    p.add_argument("dest")
+    p = sub.add_parser("verify", help="check a bundle's files against its manifest")
+    p.add_argument("bundle")
+    return ap
+
+
+def _checkpoint_path(text: str, runs_dir):
+    """``RUN:NAME`` (a run id or path, a checkpoint name) or a directory."""
+    from pathlib import Path
+
+    from tutorial_utils.runs.registry import resolve
+    from tutorial_utils.train.checkpoints import CHECKPOINTS_DIR, resolve_checkpoint
+
+    if Path(text).is_dir() or ":" not in text:
+        return Path(text)
+    run, _, name = text.rpartition(":")
+    return resolve_checkpoint(resolve(run, runs_dir) / CHECKPOINTS_DIR, name, resumable=False)
+
+
+def _train_rc(res) -> int:
+    by = getattr(res, "stopped_by", None)
+    if not by:
+        return 0
+    sig = getattr(signal, str(by), None)
+    return 128 + int(sig) if sig is not None else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tutorial_utils.runs import checkpoints, control, export, registry
+
+    args = _parser().parse_args(argv)
+    rd = args.runs_dir
+    try:
+        if args.cmd == "list":
+            print(registry.describe(registry.list_runs(rd)))
+        elif args.cmd == "show":
+            print(json.dumps(registry.show(args.run, rd), indent=2, default=str))
+        elif args.cmd == "copy":
+            new = registry.copy(args.run, rd, **_kv(args.overrides))
+            print(f"copied {args.run} -> {new}")
+            if args.start:
+                return _train_rc(registry.start(new))
+        elif args.cmd == "start":
+            return _train_rc(registry.start(args.run, rd))
+        elif args.cmd == "delete":
+            freed = registry.delete(args.run, rd)
+            print(f"deleted {args.run}: {human_bytes(freed)} freed")
+        elif args.cmd in ("stop", "pause"):
+            fn = control.stop if args.cmd == "stop" else control.pause
+            out = fn(args.run, wait=args.wait, timeout=args.timeout, runs_dir=rd)
+            print(
+                f"{args.cmd} sent to {args.run}"
+                if not args.wait
+                else f"{args.run}: {out['state']} at step {out['step']}"
+            )
+        elif args.cmd == "resume":
+            return _train_rc(control.resume(args.run, args.resume_from, runs_dir=rd, **_kv(args.changes)))
+        elif args.cmd == "rollback":
+            print(f"forked {control.rollback(args.run, args.checkpoint, args.dest, rd)}")
+        elif args.cmd == "checkpoints":
+            for r in checkpoints.list_checkpoints(args.run, rd):
+                flags = ",".join(f for f, on in (("last", r["is_last"]), ("best", r["is_best"])) if on)
+                val = f"{r['val_action_mae']:.4f}" if isinstance(r.get("val_action_mae"), float) else "-"
+                sr = f"{r['success_rate']:.0%} (n={r['episodes']})" if "success_rate" in r else "-"
+                print(
+                    f"{r['name']:<12} step {r['step']!s:>7}  {r['time']}  {human_bytes(r['bytes']):>9}  "
+                    f"val {val:>7}  success {sr:<12} {r['reason']:<14} {flags}"
+                )
+        elif args.cmd == "mark-best":
+            print(f"best <- {args.checkpoint}: {checkpoints.mark_best(args.run, args.checkpoint, rd)}")
+        elif args.cmd == "prune":
+            gone = checkpoints.prune(args.run, args.keep_last, rd)
+            print(f"removed {', '.join(gone) or 'nothing'}")
+        elif args.cmd == "export":
+            m = export.export(_checkpoint_path(args.checkpoint, rd), args.dest)
+            print(
+                f"exported {m['family']} step {m['step']} to {args.dest}: {len(m['files'])} files, parity max abs "
+                f"diff {m['parity']['max_abs_diff']:.3g}"
+            )
+        elif args.cmd == "verify":
+            m = export.verify(args.bundle)
+            print(f"{args.bundle}: ok ({len(m['files'])} files match the manifest)")
+    except (TutorialError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
