@@ -186,7 +186,9 @@ def markdown_table(cls, aliases: Mapping[str, str] | None = None, prefix: str = 
     lines = ["| parameter | type | default | aliases | meaning |", "|---|---|---|---|---|"]
     for r in fields_info(cls, aliases):
         al = ", ".join(f"`{a}`" for a in r["aliases"])
-        lines.append(f"| `{prefix}{r['name']}` | {r['type'].replace(' | ', ' or ')} | `{r['default']!r}` | {al} | {r['help']} |")
+        lines.append(
+            f"| `{prefix}{r['name']}` | {r['type'].replace(' | ', ' or ')} | `{r['default']!r}` | {al} | {r['help']} |"
+        )
     return "\n".join(lines)
 
 
