@@ -20,6 +20,22 @@ TINY_MINI = dict(
 )
 
 
+def accelerate_two_processes(script, *args: str) -> tuple[list[str], dict]:
+    """``accelerate launch`` of ``script`` on 2 CPU processes (DDP over gloo) on a free port, and
+    the environment to run it with (one thread per process)."""
+    import socket
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    accelerate = Path(sys.executable).with_name("accelerate")
+    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port)]
+    return [*cmd, str(script), *args], {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def wait_for(pred, timeout: float = 60.0, proc=None, interval: float = 0.05) -> bool:
     """Poll ``pred()`` until it is true or ``timeout`` s pass; stop early when ``proc`` exits."""
     t0 = time.time()

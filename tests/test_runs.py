@@ -409,19 +409,11 @@ def test_stop_from_another_process_with_the_cli_and_a_sigkill_reads_stale(tmp_pa
 
 @pytest.mark.slow
 def test_pause_by_control_file_under_accelerate_two_processes(tmp_path):
-    from helpers import wait_for
+    from helpers import accelerate_two_processes, wait_for
 
     run = tmp_path / "ddp"
     kv = {**BASE, "output_dir": str(run), "steps": 100_000, "eval_freq": 0, "save_freq": 0, "batch_size": 2}
-    port = socket.socket()
-    port.bind(("127.0.0.1", 0))
-    free = port.getsockname()[1]
-    port.close()
-    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free)]
-    cmd += [str(_script(tmp_path)), json.dumps(kv)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd, env = accelerate_two_processes(_script(tmp_path), json.dumps(kv))
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY_MINI, wait_for
+from helpers import TINY_MINI, accelerate_two_processes, wait_for
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.logs import parse_train_log
 from tutorial_utils.policies import load as load_policy
@@ -375,33 +374,9 @@ def test_kill_9_during_a_checkpoint_write_keeps_the_previous_last(tmp_path, sour
     assert res.summary["start_step"] == 2 and res.steps_done == 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _accelerate_two_processes(tmp_path, kv):
     """The `accelerate launch` command line (2 CPU processes, DDP) for the training script, and its env."""
-    accelerate = Path(PY).with_name("accelerate")
-    cmd = [
-        str(accelerate),
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(_free_port()),
-        str(_script(tmp_path)),
-        json.dumps(kv),
-    ]
-    return cmd, {**os.environ, "OMP_NUM_THREADS": "1"}
+    return accelerate_two_processes(_script(tmp_path), json.dumps(kv))
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY_MINI, wait_for
+from helpers import TINY_MINI, accelerate_two_processes, wait_for
 from tutorial_utils import policies
 from tutorial_utils.errors import TutorialError
 from tutorial_utils.policies.base import ObservationError, observation_to_batch
@@ -111,28 +110,9 @@ def test_a_locked_output_dir_stops_every_rank_of_an_accelerate_launch(tmp_path):
     try:
         script = tmp_path / "victim.py"
         script.write_text(VICTIM)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         kv = {**TINY, "output_dir": str(out), "steps": 4}
-        cmd = [
-            str(Path(PY).with_name("accelerate")),
-            "launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(port),
-            str(script),
-            json.dumps(kv),
-        ]
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        cmd, env = accelerate_two_processes(script, json.dumps(kv))
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     finally:
         os.close(fd)
     text = r.stdout + r.stderr
