@@ -157,3 +157,31 @@ def test_promote_puts_the_recording_card_and_its_first_episode_in_logs_and_asset
     assert card["total_episodes"] == 2 and card["job_wall_s"] == 12.5
     assert (tmp_path / "assets" / "record_episode_primary.mp4").stat().st_size > 0
     assert pipeline.promote({"profile": "ci", "dataset": str(ds)}) == []  # smoke runs are not promoted
+
+
+def test_recorded_dataset_follows_the_card_then_the_chain(tmp_path, monkeypatch):
+    from tutorial_utils import paths
+    from tutorial_utils.data import synth
+
+    monkeypatch.setattr(paths, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "runs").mkdir()
+    assert pipeline.recorded_dataset() == (None, None)
+    root = synth.generate_dataset(tmp_path / "runs" / "r1" / "dataset", n_episodes=1, mean_length=4, image_size=32)
+    (tmp_path / "runs" / "pipeline.json").write_text(json.dumps({"dataset": str(root)}))
+    folder, source = pipeline.recorded_dataset()
+    assert folder == root and source.endswith("pipeline.json")
+    (tmp_path / "logs" / "record_dataset.json").write_text(
+        json.dumps({"summary": {"output_dir": "$TUTORIAL_RUNS_DIR/gone"}})
+    )
+    assert pipeline.recorded_dataset()[0] == root  # the card names a folder that is gone: the chain's is used
+
+
+def test_from_book_inverts_for_book(monkeypatch, tmp_path):
+    from tutorial_utils import paths
+
+    assert paths.from_book("runs/x/dataset") == paths.REPO / "runs/x/dataset"
+    monkeypatch.setattr(paths, "RUNS", tmp_path / "elsewhere")
+    assert paths.from_book("$TUTORIAL_RUNS_DIR/a/b") == tmp_path / "elsewhere" / "a/b"
+    assert paths.from_book(paths.for_book(str(tmp_path / "elsewhere" / "c"))) == tmp_path / "elsewhere" / "c"

@@ -36,3 +36,14 @@ def for_book(value):
     if isinstance(value, (list, tuple)):
         return [for_book(v) for v in value]
     return value
+
+
+def from_book(path: str | os.PathLike) -> Path:
+    """The inverse of :func:`for_book` for one path: ``$TUTORIAL_RUNS_DIR/...`` and
+    ``$TUTORIAL_DATA_DIR/...`` under this machine's folders, a relative path under the repository."""
+    text = os.fspath(path)
+    for base, name in ((RUNS, "$TUTORIAL_RUNS_DIR/"), (DATA, "$TUTORIAL_DATA_DIR/")):
+        if text.startswith(name):
+            return base / text[len(name) :]
+    p = Path(text)
+    return p if p.is_absolute() else REPO / p

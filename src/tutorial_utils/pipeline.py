@@ -125,6 +125,24 @@ def promote(ctx: dict[str, Any]) -> list[Path]:
     return [Path(p) for p in out]
 
 
+def recorded_dataset() -> tuple[Path | None, str | None]:
+    """(folder, the file that named it) of the demonstrations the main job recorded, or
+    (None, None) when there is none: first the promoted dataset card in ``logs/``, then the
+    chain's ``runs/pipeline.json``; a folder counts only while it still holds a dataset."""
+    import json
+
+    found = []
+    if (card := paths.LOGS / "record_dataset.json").is_file():
+        found.append((json.loads(card.read_text())["summary"]["output_dir"], card))
+    if (chain := paths.RUNS / "pipeline.json").is_file():
+        found.append((json.loads(chain.read_text()).get("dataset") or "", chain))
+    for where, source in found:
+        folder = paths.from_book(where) if where else None
+        if folder is not None and (folder / "meta" / "info.json").is_file():
+            return folder, paths.for_book(str(source))
+    return None, None
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m tutorial_utils pipeline", description=__doc__.split("\n\n")[0])
     ap.add_argument("--until", choices=[s.name for s in STAGES], help="stop after this stage")

@@ -132,8 +132,12 @@ INPUTS_STAMP = "_build/.inputs_fingerprint"
 
 
 def inputs_fingerprint(root: Path = paths.REPO) -> str:
-    """A hash of every file's path and contents under :data:`BUILD_INPUTS`."""
+    """A hash of every file's path and contents under :data:`BUILD_INPUTS`, and of the main job's
+    chain record (``runs/pipeline.json``: the dataset chapter shows the recording it names)."""
     h = hashlib.sha256()
+    chain = paths.RUNS / "pipeline.json"
+    if root == paths.REPO and chain.is_file():
+        h.update(b"pipeline.json\0" + hashlib.sha256(chain.read_bytes()).digest())
     for folder in BUILD_INPUTS:
         base = root / folder
         for p in sorted(base.rglob("*")) if base.is_dir() else []:
