@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,3 +43,19 @@ def runs_dir(tmp_path, monkeypatch):
     d = tmp_path / "runs"
     monkeypatch.setattr(paths, "RUNS", d)
     return d
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB tmpfs at ``tmp_path/disk`` (unmounted afterwards)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(
+            f"cannot mount a small tmpfs here ({res.stderr.strip() or 'not root'}): the disk-full cases need one"
+        )
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -74,3 +74,20 @@ def fuzz_settings(default_examples: int):
         print_blob=True,
         suppress_health_check=list(HealthCheck),
     )
+
+
+def fill(disk, leave: int = 0) -> None:
+    """Fill ``disk`` so that at most ``leave`` bytes stay free."""
+    import contextlib
+    import uuid
+
+    filler = disk / f"filler-{uuid.uuid4().hex}"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        with contextlib.suppress(OSError):  # tmpfs refuses the block that does not fit
+            while True:
+                os.write(fd, b"\0" * 65536)
+    finally:
+        os.close(fd)
+    if leave:
+        os.truncate(filler, max(0, filler.stat().st_size - leave))

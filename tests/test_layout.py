@@ -32,7 +32,7 @@ PACKAGE = "tutorial_utils"
 ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
 PLUMBING = ("paths", "io", "profiles", "secrets", "errors", "params", "logs", "machine", "jobs", "facts")
-STAGES = ("data", "sim", "policies", "train", "serve", "evaluate", "runs", "report")
+STAGES = ("hub", "data", "sim", "policies", "train", "serve", "evaluate", "runs", "report")
 ORCHESTRATION = ("pipeline", "cli", "__main__")
 
 # rank of each stage: plumbing 0, the sub-packages 1..8, orchestration last

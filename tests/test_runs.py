@@ -429,3 +429,44 @@ def test_pause_by_control_file_under_accelerate_two_processes(tmp_path):
     assert state["reason"] == "control:pause" and state["world_size"] == 2, out[-3000:]
     assert out.count(f"STOPPED_BY control:pause {state['step']}") == 2  # both ranks, the same step
     assert registry.run_state(run) == "paused"
+
+
+def test_two_controllers_at_once_leave_one_consistent_stop(tmp_path, source):
+    """A stop and a pause sent at the same moment by two controllers: the control file is never
+    half-written, the loop acts on one of them at one step, and the checkpoint it leaves loads."""
+    import threading
+
+    run = tmp_path / "two"
+    sent = threading.Barrier(2)
+    results: list = []
+
+    def controller(command):
+        sent.wait()
+        results.append(control.send(run, command))
+
+    def at_step_3(step, loss):
+        if step == 3:
+            threads = [threading.Thread(target=controller, args=(c,)) for c in ("stop", "pause")]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+    res = train(_cfg(run, steps=10_000), source=source, on_step=at_step_3)
+    assert len(results) == 2 and {r["command"] for r in results} == {"stop", "pause"}
+    assert res.stopped_by in ("control:stop", "control:pause") and res.steps_done == 3  # read in the same step
+    assert json.loads((run / "control.json").read_text())["command"] in ("stop", "pause")
+    assert policies.load(run / "checkpoints" / "last") is not None
+
+
+def test_export_on_a_full_disk_leaves_nothing(tmp_path, source, small_disk):
+    from helpers import fill
+    from tutorial_utils.errors import DiskFull
+
+    run = tmp_path / "full"
+    train(_cfg(run, steps=2), source=source)
+    fill(small_disk, leave=4096)
+    with pytest.raises(DiskFull):
+        export(run / "checkpoints/last", small_disk / "bundle")
+    assert not (small_disk / "bundle").exists()
+    assert not [p.name for p in small_disk.iterdir() if p.name.startswith(".bundle")]

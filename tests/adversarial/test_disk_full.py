@@ -7,46 +7,12 @@ training-state checkpoint and the job runner's writability check.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 
+from helpers import fill
 from tutorial_utils.errors import DiskFull
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 4 MB tmpfs at ``tmp_path/disk`` (unmounted afterwards)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(
-            f"cannot mount a small tmpfs here ({res.stderr.strip() or 'not root'}): the disk-full cases need one"
-        )
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def fill(disk: Path, leave: int = 0) -> None:
-    """Fill ``disk`` so that at most ``leave`` bytes stay free."""
-    import contextlib
-
-    filler = disk / f"filler-{uuid.uuid4().hex}"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        with contextlib.suppress(OSError):  # tmpfs refuses the block that does not fit
-            while True:
-                os.write(fd, b"\0" * 65536)
-    finally:
-        os.close(fd)
-    if leave:
-        os.truncate(filler, max(0, filler.stat().st_size - leave))
 
 
 def leftovers(root: Path) -> list[str]:
