@@ -350,13 +350,14 @@ def test_cli(tmp_path, source, capsys):
 # --- other processes: the CLI against a running run, SIGKILL, DDP (slow) -------------------------------------
 
 SCRIPT = """
-import json, sys, torch
+import json, os, sys, torch
 torch.set_num_threads(1)
 from tutorial_utils.train.config import TrainConfig
 from tutorial_utils.train.data import synthetic_source
 from tutorial_utils.train.loop import train
 res = train(TrainConfig.from_overrides(json.loads(sys.argv[1])), source=synthetic_source(n_episodes=5, length=12, image_size=16))
-print("STOPPED_BY", res.stopped_by, res.steps_done, flush=True)
+# one write per line: two ranks share the pipe, and print() writes its pieces separately
+os.write(1, f"STOPPED_BY {res.stopped_by} {res.steps_done}\\n".encode())
 """
 
 
