@@ -148,3 +148,14 @@ def human_bytes(n: float) -> str:
 
 
 # --- the loop -------------------------------------------------------------------------------------
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The sha256 hex digest of a file, read in 1 MiB blocks (checkpoints, bundles, downloads)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -9,7 +9,6 @@ only a fresh interpreter honours them. The token travels only through the child'
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from tutorial_utils.errors import DiskFull, TutorialError
 from tutorial_utils.hub.assets import Asset, get_asset
-from tutorial_utils.io import atomic_write_json, human_bytes
+from tutorial_utils.io import atomic_write_json, human_bytes, sha256_file
 
 MANIFEST = "manifest.json"
 _RESULT = "TUTORIAL_HUB_RESULT "
@@ -260,12 +259,6 @@ def download(
 
 
 # --- verify ---------------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def stale_incomplete(dest: str | os.PathLike) -> list[str]:
@@ -301,7 +294,7 @@ def verify(
             continue
         if f["sha256"]:
             checked_sha += 1
-            if _sha256(p) != f["sha256"]:
+            if sha256_file(p) != f["sha256"]:
                 problems.append(f"{f['path']}: sha256 differs from the Hub's (corrupted file)")
     for key in a.key_files:
         if not (dest / key).is_file() and not any(key in pr for pr in problems):

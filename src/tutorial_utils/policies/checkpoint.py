@@ -11,14 +11,13 @@ family through the registry and returns a ready model.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tutorial_utils.io import atomic_dir, atomic_write_json
+from tutorial_utils.io import atomic_dir, atomic_write_json, sha256_file
 from tutorial_utils.policies.base import CheckpointError
 from tutorial_utils.policies.normalize import STATS_FILE, read_statistics
 
@@ -28,14 +27,6 @@ CHECKPOINT_FORMAT = "tutorial_utils.policy"
 CHECKPOINT_VERSION = 2
 #: version 1 was the mini DiT's own format (no family key); it reads as family "mini"
 LEGACY_FORMATS = {"tutorial_utils.mini_dit4dit": "mini"}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def write_policy_files(policy, directory: Path, extra: Mapping[str, Any] | None = None) -> None:
@@ -54,7 +45,7 @@ def write_policy_files(policy, directory: Path, extra: Mapping[str, Any] | None 
         "weights": {
             "file": WEIGHTS_FILE,
             "bytes": (directory / WEIGHTS_FILE).stat().st_size,
-            "sha256": _sha256(directory / WEIGHTS_FILE),
+            "sha256": sha256_file(directory / WEIGHTS_FILE),
         },
         "parameters": p.parameter_counts(),
     }
@@ -124,7 +115,7 @@ def load_state_dict_checked(directory: str | os.PathLike, verify: bool = True) -
                 f"{wpath} is corrupted: {size} bytes, {CONFIG_FILE} says {info.get('bytes')}. "
                 "Use another checkpoint (checkpoints/last, best or a step_* one) or retrain."
             )
-        digest = _sha256(wpath)
+        digest = sha256_file(wpath)
         if digest != info.get("sha256"):
             raise CheckpointError(
                 f"{wpath} is corrupted: sha256 {digest[:12]}... differs from {CONFIG_FILE}'s {str(info.get('sha256'))[:12]}... "

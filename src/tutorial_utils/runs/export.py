@@ -22,7 +22,6 @@ names the ones that changed.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import os
 import platform
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils.errors import TutorialError
-from tutorial_utils.io import atomic_dir, atomic_write_json
+from tutorial_utils.io import atomic_dir, atomic_write_json, sha256_file
 from tutorial_utils.runs.registry import _json, read_metrics
 from tutorial_utils.train import checkpoints as ck
 
@@ -51,21 +50,13 @@ class BundleError(TutorialError, ValueError):
     """A bundle whose files do not match its manifest (changed, missing, or no manifest)."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(folder: Path) -> dict[str, dict]:
     """``{relative path: {bytes, sha256}}`` of every file under ``folder`` but the manifest."""
     out = {}
     for p in sorted(folder.rglob("*")):
         rel = p.relative_to(folder).as_posix()
         if p.is_file() and rel != MANIFEST_FILE:
-            out[rel] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            out[rel] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
     return out
 
 
