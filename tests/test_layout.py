@@ -7,7 +7,7 @@ still ties two modules together, it only moves the failure to run time.
 
 Stages, earliest first (a module may import its own stage and earlier ones)::
 
-    plumbing < data < sim < policies < train < serve < evaluate < runs < report < orchestration
+    plumbing < hub < data < sim < policies < bridge < train < serve < evaluate < runs < report < orchestration
 
 - plumbing: the top-level modules below (``paths``, ``io``, ``jobs``...) and the package's
   own ``__init__``;
@@ -32,7 +32,7 @@ PACKAGE = "tutorial_utils"
 ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
 PLUMBING = ("paths", "io", "profiles", "secrets", "errors", "params", "logs", "machine", "jobs", "facts")
-STAGES = ("hub", "data", "sim", "policies", "train", "serve", "evaluate", "runs", "report")
+STAGES = ("hub", "data", "sim", "policies", "bridge", "train", "serve", "evaluate", "runs", "report")
 ORCHESTRATION = ("pipeline", "cli", "__main__")
 
 # rank of each stage: plumbing 0, the sub-packages 1..8, orchestration last
