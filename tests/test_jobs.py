@@ -108,3 +108,37 @@ def test_cli_runs_a_job_and_reports_errors(job_nb, tmp_path):
         env=env,
     )
     assert bad.returncode == 1 and "unknown parameter(s) m" in bad.stderr
+
+
+def test_a_notebook_that_claims_its_run_dir_runs_under_the_runner(tmp_path, runs_dir):
+    """The job notebooks call ``jobs.ensure_run_dir(run_dir, ...)`` themselves; under the runner that
+    directory already holds the runner's params.yaml and must be accepted (and only that one)."""
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "params.yaml").write_text("job: other\n")
+    nb = write_notebook(
+        tmp_path / "jobs" / "claims.md",
+        [
+            (
+                "code",
+                "from pathlib import Path\nfrom tutorial_utils import jobs\n"
+                "run_dir = jobs.ensure_run_dir(run_dir, 'claims')\n"
+                "(Path(run_dir) / 'ok.txt').write_text('yes')\n"
+                "try:\n    jobs.ensure_run_dir(other, 'claims')\nexcept jobs.JobError:\n    print('refused other')",
+            ),
+        ],
+        params=f"run_dir = ''\nother = {str(used)!r}",
+    )
+    res = jobs.run_notebook(nb)
+    assert (res.run_dir / "ok.txt").read_text() == "yes"
+    assert "refused other" in (res.run_dir / "job.log").read_text()
+    assert jobs.CLAIMED_ENV not in __import__("os").environ
+
+
+@pytest.mark.slow
+def test_the_train_job_notebook_runs_under_the_runner(runs_dir):
+    """The real train job (ci profile: 2 steps on the synthetic dataset) through ``job run``."""
+    res = jobs.run_notebook("notebooks/jobs/train.md")
+    status = json.loads((res.run_dir / "status.json").read_text())
+    assert status["state"] == "succeeded"
+    assert (res.run_dir / "train.log").is_file()

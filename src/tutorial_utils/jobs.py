@@ -57,6 +57,9 @@ HEARTBEAT_S = 5.0
 WRITE_PROBE_BYTES = 64 * 1024
 #: A ``running`` job whose heartbeat is older than this (or whose runner process is gone) is ``stale``.
 STALE_AFTER_S = 60.0
+#: set by the job runner for its kernel: the run directory it claimed, which the notebook's own
+#: ``ensure_run_dir(run_dir, ...)`` must accept (it already holds the runner's params.yaml)
+CLAIMED_ENV = "TUTORIAL_CLAIMED_RUN_DIR"
 
 
 class JobError(RuntimeError):
@@ -105,6 +108,9 @@ def ensure_run_dir(run_dir: str | os.PathLike | None, name: str) -> Path:
     run (a run is never overwritten, nor merged with another).
     """
     path = Path(run_dir) if run_dir else paths.RUNS / new_run_id(name)
+    claimed = os.environ.get(CLAIMED_ENV)
+    if claimed and run_dir and path.resolve() == Path(claimed).resolve():
+        return path.resolve()  # the job runner claimed it for this notebook
     if held := holds_a_run(path):
         raise JobError(_already_a_run(path, held))
     try:
@@ -551,6 +557,8 @@ def run_notebook(
     old_level = pm_logger.level
     pm_logger.addHandler(handler)
     pm_logger.setLevel(logging.INFO)
+    old_claim = os.environ.get(CLAIMED_ENV)
+    os.environ[CLAIMED_ENV] = os.fspath(rd)  # inherited by the kernel
     try:
         with _Heartbeat(rd, HEARTBEAT_S):
             pm.execute_notebook(
@@ -593,6 +601,10 @@ def run_notebook(
         )
         raise
     finally:
+        if old_claim is None:
+            os.environ.pop(CLAIMED_ENV, None)
+        else:
+            os.environ[CLAIMED_ENV] = old_claim
         pm_logger.removeHandler(handler)
         pm_logger.setLevel(old_level)
         handler.close()
