@@ -262,3 +262,18 @@ def test_cli(tmp_path):
     assert bad.returncode == 1 and "evaluation" in bad.stdout
     parsed = run("parse", "eval", str(tmp_path / "eval_libero_spatial.log"))
     assert json.loads(parsed.stdout)["episodes"] == 3
+
+
+def test_parse_losses_reads_upstream_metrics_with_the_stray_paren():
+    text = "{'action_dit_loss': 0.5, 'learning_rate/action_model': 0.0001, 'data_time': 1.2, 'epoch': 0.0})"
+    assert L.parse_losses(text) == {
+        "action_dit_loss": 0.5,
+        "learning_rate/action_model": 0.0001,
+        "data_time": 1.2,
+        "epoch": 0.0,
+    }
+    # not a Python literal (a tensor repr): the fallback keeps keys with a slash too
+    assert L.parse_losses("{'total_loss': tensor(0.9), 'learning_rate/backbone': 1e-05})") == {
+        "total_loss": 0.9,
+        "learning_rate/backbone": 1e-05,
+    }

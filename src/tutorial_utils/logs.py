@@ -106,12 +106,149 @@ _ERROR_LINE = _re.compile(r"^(?:[\w.]+(?:Error|Exception|Unavailable|Died|Failed
 
 
 def _text(source: str | _os.PathLike) -> str:
-    """A log's text from a path or the text itself."""
+    """A log's text from a path or the text itself, normalised (see :func:`normalise`)."""
     if isinstance(source, _os.PathLike) or (
         isinstance(source, str) and "\n" not in source and len(source) < 4096 and _Path(source).is_file()
     ):
-        return _Path(source).read_text(encoding="utf-8", errors="replace")
-    return str(source)
+        with open(source, encoding="utf-8", errors="replace", newline="") as f:  # keep tqdm's \r redraws
+            return normalise(f.read())
+    return normalise(str(source))
+
+
+# --- upstream's log format (FACTS section 11) ------------------------------------------------------
+#
+# Every upstream process that imports the DiT4DiT package logs through a Rich handler on the root
+# logger: a time column (blank when it repeats), an 8-cell level column, the message formatted as
+# ``| >> <message>``, and a ``file.py:N`` column on the right; messages wrap inside their column
+# (80 columns when the output is not a terminal). ``server_policy.py`` logs plain ``INFO:root:...``.
+# ``normalise`` turns both back into the plain message lines the parsers read.
+
+#: The prefix upstream's Rich formatter puts in front of every message.
+RICH_PREFIX = "| >> "
+_LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
+_RICH_LEVEL_WIDTH = 8  # Rich's level column, then one space
+_RICH_RECORD = _re.compile(rf"^(?P<time>[^A-Za-z]*?)(?P<level>{_LEVELS})(?P<pad> +)(?P<rest>.*?) *$")
+_RICH_PATH = _re.compile(r" (?P<path>[\w.\-<>]+:\d+)$")
+_RICH_TIME = _re.compile(r"[\d/:.,\-\[\]() ]*\d[\d/:.,\-\[\]() ]* ")
+_PLAIN_LOGGING = _re.compile(rf"^(?:{_LEVELS}):[^:\s]*:")
+_PLAIN_LOGGING_M = _re.compile(rf"^(?:{_LEVELS}):[^:\s]*:", _re.M)
+_ANSI = _re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+_TQDM_BAR = _re.compile(r"\s*(?:[^\r\n|]*?:\s*)?\d{1,3}%\|[^|\n]*\|[^\[\n]*\[[^\]\n]*\]")
+#: A wrapped line whose next word would have fitted this many cells short of the edge: a newline.
+_NEWLINE_MARGIN = 8
+_BOX = "╭│╰┃┏┗"
+
+
+def _cells(text: str) -> int:
+    """Terminal cells ``text`` takes (wide characters such as emoji take two), as Rich counts them."""
+    import unicodedata
+
+    n = 0
+    for ch in text:
+        if ch.isascii():
+            n += 1
+        elif unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf") or 0xFE00 <= ord(ch) <= 0xFE0F:
+            continue
+        else:
+            n += 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+    return n
+
+
+def _physical(line: str) -> str:
+    """One physical line without colour codes and progress-bar redraws (``\\r``, tqdm bars)."""
+    line = _ANSI.sub("", line)
+    if "\r" not in line and "%|" not in line:
+        return line
+    parts = [p for p in line.split("\r") if p.strip()]
+    if not parts:
+        return ""
+    kept = [_TQDM_BAR.sub("", p) for p in parts]
+    text = [k for k in kept if k.strip()]
+    return text[-1] if text else parts[-1]
+
+
+def _rich_record(line: str) -> tuple[int, int | None, str] | None:
+    """(message column start, message column width or None, first message segment) of a Rich record."""
+    m = _RICH_RECORD.match(line)
+    if not m or len(m.group("level")) + len(m.group("pad")) < _RICH_LEVEL_WIDTH + 1:
+        return None
+    t = m.group("time")
+    if t and not (t.strip() == "" or _RICH_TIME.fullmatch(t)):
+        return None
+    start = m.start("level") + _RICH_LEVEL_WIDTH + 1
+    body = line[start:].rstrip()
+    p = _RICH_PATH.search(body)
+    if p is None:
+        return None  # upstream always shows the path column; without it this is someone else's format
+    width = _cells(line[start : start + p.start()])
+    return start, width, body[: p.start()].rstrip()
+
+
+def _join_record(segments: list[str], width: int | None) -> list[str]:
+    """The message lines of one Rich record from its wrapped segments (Rich's own wrapping rules:
+    greedy on spaces, a word longer than the column starts a line and is folded)."""
+    out: list[str] = []
+    prev: str | None = None
+    for seg in segments:
+        if seg[:1] in _BOX:
+            if "Traceback" in seg:
+                out.append("Traceback (most recent call last):")
+            prev = None
+            continue
+        if prev is None or not seg or seg[0] == " ":
+            out.append(seg)
+        elif width is not None and _cells(prev) >= width and " " not in prev:
+            out[-1] += seg  # a folded word
+        elif (width is None and prev == RICH_PREFIX.rstrip()) or (
+            width is not None
+            and _cells(prev) + 1 + _cells(seg.split(" ", 1)[0]) <= width - (0 if prev == "| >>" else _NEWLINE_MARGIN)
+        ):
+            # the word would have fitted: the message had a newline here (the margin allows for the
+            # run of spaces Rich drops at a wrap, as in "Total parameters:      N")
+            out.append(seg)
+        else:
+            out[-1] += " " + seg  # wrapped at a space
+        prev = seg
+    if out:
+        out[0] = out[0][len(RICH_PREFIX) :] if out[0].startswith(RICH_PREFIX) else out[0].removeprefix("| >>")
+    return out
+
+
+def normalise(text: str) -> str:
+    """Upstream's Rich-formatted or plain log text -> the plain message lines the parsers read.
+
+    Rich records (80 or 200 columns) lose their time, level and ``file.py:N`` columns and the
+    ``| >> `` prefix, and their wrapped lines are joined back; ``LEVEL:logger:`` prefixes of plain
+    Python logging, colour codes and progress-bar redraws are removed. Other lines (our own
+    logs, tracebacks, ``print`` output) are kept as they are, so ``normalise`` is idempotent.
+    """
+    if not any(sign in text for sign in (RICH_PREFIX, "\r", "\x1b", "%|")):  # no Rich, redraws or colours
+        return _PLAIN_LOGGING_M.sub("", text)
+    out: list[str] = []
+    rec: tuple[int, int | None, list[str]] | None = None
+
+    def flush() -> None:
+        if rec is not None:
+            out.extend(_join_record(rec[2], rec[1]))
+
+    for raw in text.replace("\r\n", "\n").split("\n"):
+        line = _physical(raw)
+        head = _rich_record(line)
+        if head is not None:
+            flush()
+            rec = (head[0], head[1], [head[2]])
+            continue
+        if rec is not None and line[: rec[0]].strip() == "" and len(line) >= rec[0] and line.strip():
+            rec[2].append(line[rec[0] :].rstrip())
+            continue
+        if rec is not None and line.strip() == "" and len(line) >= rec[0]:
+            rec[2].append("")  # an empty line inside a message
+            continue
+        flush()
+        rec = None
+        out.append(_PLAIN_LOGGING.sub("", line, count=1))
+    flush()
+    return "\n".join(out)
 
 
 def _num(text: str) -> float | int:
@@ -137,16 +274,21 @@ def _errors(lines: list[str]) -> list[str]:
 
 
 def parse_losses(text: str) -> dict[str, float]:
-    """``{'action_dit_loss': 0.1, ...}`` -> dict (also with ``nan``/``inf`` and tensor reprs)."""
+    """``{'action_dit_loss': 0.1, ...}`` -> dict (also with ``nan``/``inf``, tensor reprs, keys such as
+    ``learning_rate/<group>`` and the stray ``)`` upstream prints after the dict)."""
+    text = text.strip()
+    while text.endswith(")") and text.count(")") > text.count("("):
+        text = text[:-1].rstrip()
     try:
-        val = _ast.literal_eval(text.strip())
+        val = _ast.literal_eval(text)
         if isinstance(val, dict):
             return {str(k): float(v) for k, v in val.items()}
     except (ValueError, SyntaxError, TypeError):
         pass
     out = {}
     for k, v in _re.findall(
-        r"['\"]?(\w+)['\"]?\s*:\s*(?:tensor\()?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))", text
+        r"['\"]?([\w/.\-]+)['\"]?\s*:\s*(?:tensor\(|np\.float\d+\()?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))",
+        text,
     ):
         out[k] = float(v)
     return out
@@ -285,6 +427,427 @@ def parse_eval_log(source: str | _os.PathLike) -> dict[str, _Any]:
     return res
 
 
+# --- detectors: upstream's real error strings (FACTS section 11) -----------------------------------
+
+#: Upstream ``train.py main()``'s stages in order, each with the lines that show it has started.
+#: A stage whose start is seen while the next one's is not is the stage that failed.
+UPSTREAM_TRAIN_STAGES: tuple[tuple[str, str | None], ...] = (
+    ("config", None),
+    ("framework build", r"VLA Training :: Warming Up|Configuration wrapped for access tracking"),
+    ("data loader", r"Creating VLA Dataset with Mixture"),
+    ("optimiser", r"dataset statistics saved to|Saved dataset statistics file"),
+    ("pretrained load", r"LR Group \S+: lr=|loading checkpoint: "),
+    (
+        "freeze",
+        r"loaded <full_model> model parameters|parameters loaded to module|Loaded pretrained checkpoint:"
+        r"|No pretrained checkpoint provided|Resuming training from checkpoint",
+    ),
+    ("parameter totals", r"Model Parameter Statistics \(after freezing\)"),
+    ("DeepSpeed prepare", r"Trainable ratio:|# Parameters \(in millions\)"),
+    ("wandb init", r"^wandb: "),
+    ("optimisation steps", r"\*\*\*\*\* Training Configuration \*\*\*\*\*|Total optimization steps ="),
+    ("loss lines", r"len\(vla_train_dataloader\) ="),
+    ("final save", None),  # started once the last step's loss line is logged
+)
+#: The success sign each upstream stage leaves when it is done (keys of ``Diagnosis.signs``).
+UPSTREAM_TRAIN_SIGNS = (
+    "config loaded",
+    "framework built",
+    "data loader built",
+    "optimiser built",
+    "pretrained weights loaded",
+    "modules frozen",
+    "parameters counted",
+    "DeepSpeed prepared",
+    "wandb started",
+    "optimisation steps logged",
+    "first loss line",
+    "training complete",
+)
+#: Lines only upstream's train.py prints (the mini backend shares the parameter, step and loss lines).
+_UPSTREAM_TRAIN_MARKER = _re.compile(
+    r"VLA Training :: Warming Up|Configuration wrapped for access tracking|Creating VLA Dataset with Mixture"
+    r"|dataset statistics saved to|LR Group \S+: lr=|Model Parameter Statistics \(after freezing\)"
+    r"|# Parameters \(in millions\)|\*\*\*\*\* Training Configuration \*\*\*\*\*|^wandb: "
+    r"|^Distributed environment: |DiT4DiT/training/train\.py",
+    _re.M,
+)
+
+#: The launcher's own report that its child failed: never the cause.
+_LAUNCHER_ERROR = _re.compile(r"ChildFailedError|CalledProcessError")
+
+#: Likely causes of each upstream training stage when no detector names the error.
+UPSTREAM_TRAIN_CAUSES: dict[str, tuple[str, ...]] = {
+    "config": (
+        "the process died before main(): run from the checkout root with PYTHONPATH=$PWD (train.py reads "
+        "DiT4DiT/config/deepseeds/ds_config.yaml relative to it) and launch it with `accelerate launch`",
+        "pass --config_yaml DiT4DiT/config/libero/dit4dit_libero.yaml (the default is the placeholder xxx.yaml)",
+    ),
+    "framework build": (
+        "the Cosmos backbone did not load: --framework.cosmos25.base_model must name the local folder "
+        "downloaded with --revision diffusers/base/post-trained (it holds model_index.json)",
+        "a framework import error shows only as 'Failed to auto-import framework submodules: <error>'",
+        "out of GPU memory while building the model",
+    ),
+    "data loader": (
+        "the mixture name is not in DATASET_NAMED_MIXTURES (only libero_all upstream): register a one-dataset mixture",
+        "--datasets.vla_data.data_root_dir must hold <dataset>/meta/modality.json, and meta/ must be writable",
+    ),
+    "optimiser": ("building the parameter groups failed: read the traceback above",),
+    "pretrained load": (
+        "--trainer.pretrained_checkpoint must be the released dit4dit_libero/final_model/pytorch_model.pt; "
+        "loading the full state dict needs tens of GB of CPU memory",
+    ),
+    "freeze": ("--trainer.freeze_modules names a module path that does not exist (look for '⚠️ module path')",),
+    "parameter totals": ("the process died right after freezing (out of CPU memory?): read the end of the log",),
+    "DeepSpeed prepare": (
+        "accelerate.prepare/DeepSpeed failed: nothing trainable (freezing everything), out of GPU memory, "
+        "or a deepspeed install that does not match (upstream pins 0.18.4)",
+    ),
+    "wandb init": ("wandb.init needs an account: export WANDB_MODE=offline",),
+    "optimisation steps": ("the run died while logging its configuration: read the traceback",),
+    "loss lines": (
+        "the loss is logged every trainer.logging_frequency steps (default 10): a 2-step run needs "
+        "--trainer.logging_frequency 1",
+        "the run was killed or crashed mid-training (out of GPU memory, a data read error)",
+    ),
+    "final save": (
+        "saving final_model/pytorch_model.pt (the full state dict, tens of GB) failed: disk full on "
+        "--run_root_dir, or the process was killed while writing; it may also still be running",
+    ),
+}
+
+
+@_dataclass(frozen=True)
+class Detector:
+    """One upstream error string: where it shows, what it means and the fix.
+
+    ``pattern`` is searched (multi-line) in a normalised log; ``requires``, when set, must also be
+    found in the same log (``{group}`` in it stands for what the pattern's named group matched). ``stages`` maps a log kind (``train``, ``server``, ``eval``,
+    ``download``) to the stage it names; a kind it does not list takes the stage from the log's
+    own order. ``message`` is the text the troubleshooting page shows; ``facts`` where FACTS.md
+    says so.
+    """
+
+    name: str
+    pattern: str
+    stages: tuple[tuple[str, str], ...]
+    cause: str
+    fix: str
+    message: str
+    facts: str = "FACTS 11"
+    requires: str | None = None
+
+    def stage_for(self, kind: str) -> str | None:
+        return dict(self.stages).get(kind)
+
+    def search(self, text: str) -> _re.Match[str] | None:
+        for m in _re.finditer(self.pattern, text, _re.M):
+            if not self.requires:
+                return m
+            need = self.requires
+            for key, val in m.groupdict().items():
+                need = need.replace("{" + key + "}", _re.escape(val or ""))
+            if _re.search(need, text, _re.M):
+                return m
+        return None
+
+
+_STARTUP = (("train", "config"), ("server", "server"), ("eval", "client connect"))
+_BUILD = (("train", "framework build"), ("server", "server"), ("eval", "client connect"))
+_CLIENT = (("eval", "client connect"),)
+_HUB = (("download", "download"),)
+
+#: One entry per upstream error string of FACTS section 11 (and the Hub's, both wordings).
+DETECTORS: tuple[Detector, ...] = (
+    Detector(
+        "no_dit4dit_module",
+        r"No module named '?DiT4DiT",
+        _STARTUP,
+        "Python cannot import the upstream package: PYTHONPATH does not hold the checkout root",
+        "run from the checkout root (it holds DiT4DiT/, deployment/, examples/) with `export PYTHONPATH=$PWD`",
+        "ModuleNotFoundError: No module named 'DiT4DiT'",
+    ),
+    Detector(
+        "not_checkout_root",
+        r"(?:No such file or directory|existing deepspeed config).*ds_config\.yaml",
+        _STARTUP,
+        "train.py reads DiT4DiT/config/deepseeds/ds_config.yaml relative to the working directory",
+        "cd to the checkout root before `accelerate launch DiT4DiT/training/train.py ...`",
+        "ValueError: Expected a string path to an existing deepspeed config, ... Received: "
+        "DiT4DiT/config/deepseeds/ds_config.yaml",
+        facts="FACTS 1",
+    ),
+    Detector(
+        "config_yaml_placeholder",
+        r"No such file or directory: '?xxx\.yaml",
+        _STARTUP,
+        "train.py was started without --config_yaml, whose default is the placeholder xxx.yaml",
+        "pass --config_yaml DiT4DiT/config/libero/dit4dit_libero.yaml",
+        "FileNotFoundError: [Errno 2] No such file or directory: 'xxx.yaml'",
+        facts="FACTS 1",
+    ),
+    Detector(
+        "mixture_unknown",
+        r"KeyError: '(?P<mixture>[^']+)'",
+        (("train", "data loader"),),
+        "the data mixture is not in DATASET_NAMED_MIXTURES (upstream defines only libero_all)",
+        "register a one-dataset mixture such as ('libero_spatial_no_noops_1.0.0_lerobot', 1.0, 'libero_franka') "
+        "with the bridge's mixture launcher and pass its name to --datasets.vla_data.data_mix",
+        "KeyError: 'libero_spatial_only'",
+        requires=r"DATASET_NAMED_MIXTURES\[|Mixture `{mixture}`",
+    ),
+    Detector(
+        "dataset_root_placeholder",
+        r"/path/to/dataset/libero",
+        (("train", "data loader"),),
+        "data_root_dir is still the YAML placeholder /path/to/dataset/libero",
+        "pass --datasets.vla_data.data_root_dir $DATA/datasets (the folder that holds the downloaded dataset)",
+        "FileNotFoundError: Dataset path /path/to/dataset/libero/<dataset> does not exist",
+    ),
+    Detector(
+        "dataset_path_missing",
+        r"Dataset path (?P<path>\S+) does not exist",
+        (("train", "data loader"),),
+        "<data_root_dir>/<dataset> does not exist",
+        "download the dataset into $DATA/datasets/<dataset> (`python -m tutorial_utils hub download "
+        "dataset:<suite>`) and pass that parent folder as --datasets.vla_data.data_root_dir",
+        "FileNotFoundError: Dataset path <data_root_dir>/<dataset> does not exist",
+    ),
+    Detector(
+        "modality_json_missing",
+        r"Please provide a meta/modality\.json file in",
+        (("train", "data loader"),),
+        "the dataset has no meta/modality.json (the IPEC datasets do not ship it)",
+        "copy upstream's examples/LIBERO/train_files/modality.json into <data_root_dir>/<dataset>/meta/ "
+        "(the bridge writes it); meta/ must be writable",
+        "AssertionError: Please provide a meta/modality.json file in <path>",
+    ),
+    Detector(
+        "cosmos_placeholder",
+        r"/path/to/Cosmos-Predict2\.5-2B",
+        _BUILD,
+        "framework.cosmos25.base_model is still the YAML placeholder /path/to/Cosmos-Predict2.5-2B",
+        "training: pass --framework.cosmos25.base_model $MODELS/Cosmos-Predict2.5-2B; serving: set "
+        "framework.cosmos25.base_model in the checkpoint's config.yaml (the bridge fixes it, with a backup)",
+        "HFValidationError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+        "'/path/to/Cosmos-Predict2.5-2B'",
+    ),
+    Detector(
+        "cosmos_no_model_index",
+        r"no file named model_index\.json|model_index\.json.*(?:not found|No such file)",
+        _BUILD,
+        "the Cosmos folder has no model_index.json: it was downloaded without the diffusers revision",
+        "hf download nvidia/Cosmos-Predict2.5-2B --revision diffusers/base/post-trained --local-dir "
+        "$MODELS/Cosmos-Predict2.5-2B (or `python -m tutorial_utils hub download cosmos`)",
+        "OSError: Error no file named model_index.json found in directory $MODELS/Cosmos-Predict2.5-2B.",
+    ),
+    Detector(
+        "framework_import_hidden",
+        r"Failed to auto-import framework submodules: (?P<error>.*)|Framework \S+ is not implemented",
+        _BUILD,
+        "importing the framework module failed and upstream only logged a warning, so DiT4DiT was never registered",
+        "read the error after 'Failed to auto-import framework submodules:' (often a missing package); "
+        "see the full traceback with `python -c 'import DiT4DiT.model.framework.DiT4DiT'` from the checkout root",
+        "Failed to auto-import framework submodules: <error> ... NotImplementedError: Framework DiT4DiT is not "
+        "implemented",
+    ),
+    Detector(
+        "no_process_group",
+        r"Default process group has not been initialized",
+        (),
+        "train.py was run with plain `python`: torch.distributed has no process group",
+        "launch with `accelerate launch --config_file DiT4DiT/config/deepseeds/deepspeed_zero2.yaml "
+        "--num_processes 1 DiT4DiT/training/train.py ...`",
+        "ValueError: Default process group has not been initialized, please make sure to call init_process_group.",
+    ),
+    Detector(
+        "pretrained_checkpoint_missing",
+        r"Pretrained checkpoint `?\S+?`? does not exist|loading checkpoint failed",
+        (("train", "pretrained load"), ("server", "server"), ("eval", "client connect")),
+        "the checkpoint path does not name an existing .pt file",
+        "point --trainer.pretrained_checkpoint / --ckpt_path / --args.pretrained-path at "
+        "$MODELS/dit4dit-model/dit4dit_libero/final_model/pytorch_model.pt (download with --include 'dit4dit_libero/*')",
+        "FileNotFoundError: Pretrained checkpoint `<path>` does not exist.",
+    ),
+    Detector(
+        "config_yaml_missing",
+        r"Missing `?config\.yaml`? for",
+        (("server", "server"), ("eval", "client connect")),
+        "the server and the client read config.yaml at <pt>.parents[1]; a smoke run's final_model has none",
+        "put a config.yaml in that run directory: the merged training config, or the released one with "
+        "framework.cosmos25.base_model fixed (the bridge's final_model fix-up)",
+        "AssertionError: Missing `config.yaml` for `run_dir = ...`",
+    ),
+    Detector(
+        "dataset_statistics_missing",
+        r"Missing `?dataset_statistics\.json`? for",
+        (("server", "server"), ("eval", "client connect")),
+        "dataset_statistics.json is missing at <pt>.parents[1]",
+        "copy dataset_statistics.json from the training run directory (written when its data loader was built)",
+        "AssertionError: Missing `dataset_statistics.json` for `run_dir = ...`",
+    ),
+    Detector(
+        "wandb_no_account",
+        r"api_key not configured|wandb\.login\(",
+        (("train", "wandb init"),),
+        "wandb.init is always called and there is no W&B account here",
+        "export WANDB_MODE=offline (curves are written under the run directory)",
+        "wandb.errors.UsageError: api_key not configured (no-tty). call wandb.login(key=[your_api_key])",
+        facts="FACTS 1",
+    ),
+    Detector(
+        "server_idle_timeout",
+        r"Idle timeout \((?P<seconds>-?\d+)s\) reached, shutting down server",
+        (),
+        "the server stopped itself after --idle_timeout seconds without a request",
+        "start the client within --idle_timeout seconds of the server (default 1800), or pass a larger "
+        "--idle_timeout (-1: never)",
+        "INFO:root:Idle timeout (1800s) reached, shutting down server.",
+    ),
+    Detector(
+        "client_connect_timeout",
+        r"Failed to connect to server within (?P<seconds>\d+) seconds",
+        _CLIENT,
+        "the client found no server at --args.host/--args.port within 300 s",
+        "start the server first and wait for 'server listening on'; use the same port on both sides "
+        "(--port and --args.port); if the server log stops early, the server crashed while loading",
+        "TimeoutError: Failed to connect to server within 300 seconds",
+    ),
+    Detector(
+        "inference_server_error",
+        r"Error in inference server",
+        (("eval", "evaluation"),),
+        "the server answered a request with a traceback instead of actions",
+        "read the server traceback printed after the message and server.log; a wrong observation shape "
+        "(use the dit4dit client profile) or CUDA out of memory are the usual causes",
+        "RuntimeError: Error in inference server: ...",
+    ),
+    Detector(
+        "py38_union_annotation",
+        r"unsupported operand type\(s\) for \|",
+        _CLIENT,
+        "the LIBERO Python (3.8) cannot evaluate `np.ndarray | float` annotations in eval_libero.py",
+        "add `from __future__ import annotations` at the top of eval_libero.py (the bridge prints the patch), "
+        "or use a LIBERO environment with Python >= 3.10",
+        "TypeError: unsupported operand type(s) for |: 'type' and 'type'",
+    ),
+    Detector(
+        "py38_subscript_annotation",
+        r"'type' object is not subscriptable",
+        _CLIENT,
+        "the LIBERO Python (3.8) cannot evaluate `list[int]` / `tuple[dict[...]]` in model2libero_interface.py",
+        "add `from __future__ import annotations` at the top of model2libero_interface.py (the bridge prints the "
+        "patch), or use a LIBERO environment with Python >= 3.10",
+        "TypeError: 'type' object is not subscriptable",
+    ),
+    Detector(
+        "websockets_ping_interval",
+        r"create_connection\(\) got an unexpected keyword argument '(?:ping_interval|ping_timeout)'",
+        _CLIENT,
+        "websockets 13.1 (the newest for Python 3.8) forwards unknown keyword arguments to the socket",
+        "drop ping_interval and ping_timeout from the connect call in websocket_policy_client.py (the bridge "
+        "prints the patch); upgrading websockets is impossible on Python 3.8",
+        "TypeError: create_connection() got an unexpected keyword argument 'ping_interval'",
+    ),
+    Detector(
+        "hub_gated",
+        r"Cannot access gated repo|GatedRepoError|Access denied\. \w+ '[^']+' requires approval"
+        r"|not in the authorized list|403 Forbidden|403 Client Error",
+        _HUB,
+        "the repo is gated (Cosmos) and this account has not accepted its licence, or the token has no read "
+        "access to it (HTTP 403)",
+        "open the model page, log in with the account of your token, accept the licence, wait for the "
+        "approval, then rerun the download",
+        "403 Client Error ... Cannot access gated repo (0.x: ... not in the authorized list; 1.x CLI: "
+        "Access denied. Model '<repo>' requires approval.)",
+    ),
+    Detector(
+        "hub_unauthorized",
+        r"401 Client Error|Invalid credentials in Authorization header|Invalid user token"
+        r"|Not logged in\. Run 'hf auth login'|LocalTokenNotFoundError",
+        _HUB,
+        "no token, or a wrong or revoked one, was sent (HTTP 401)",
+        "export HF_TOKEN=hf_... (or `hf auth login`) in the shell that runs the download, then rerun; "
+        "never paste the token into a notebook",
+        "401 Client Error ... Invalid credentials in Authorization header",
+    ),
+    Detector(
+        "hub_repo_not_found",
+        r"RepositoryNotFoundError|Repository Not Found for url|(?:Model|Dataset|Space|Repository) '[^']+' not found\.",
+        _HUB,
+        "the repo id or its type is wrong (a private or gated repo also looks missing without a token)",
+        "check the repo id and --repo-type (datasets need --repo-type dataset); then check the token",
+        "RepositoryNotFoundError: 404 Client Error ... Repository Not Found for url (1.x CLI: Model '<repo>' not "
+        "found.)",
+    ),
+    Detector(
+        "hub_revision_not_found",
+        r"RevisionNotFoundError|Revision Not Found for url|Revision not found in|Invalid rev id",
+        _HUB,
+        "the revision (branch, tag or commit) does not exist in that repo",
+        "check the revision on the repo page; Cosmos needs --revision diffusers/base/post-trained",
+        "RevisionNotFoundError: 404 Client Error ... Revision Not Found for url (1.x CLI: Revision not found in "
+        "model '<repo>'.)",
+    ),
+    Detector(
+        "hub_timeout",
+        r"ReadTimeout|ConnectTimeout|Read timed out|The read operation timed out|TimeoutException"
+        r"|the download timed out or stalled",
+        _HUB,
+        "the Hub did not answer in time, or the transfer stalled",
+        "rerun (finished files are kept); export HF_HUB_DOWNLOAD_TIMEOUT=600; behind a proxy export "
+        "HF_HUB_DISABLE_XET=1",
+        "httpx.ReadTimeout: The read operation timed out (0.x: requests.exceptions.ReadTimeout: ... Read timed out.)",
+    ),
+    Detector(
+        "disk_full",
+        r"No space left on device|\[Errno 28\]|PytorchStreamWriter failed writing file",
+        _HUB,
+        "the disk under the destination is full",
+        "free space or move the role to a bigger mount (chapter 1's disk plan: HF_HOME for models, "
+        "TUTORIAL_DATA_DIR for datasets, TUTORIAL_RUNS_DIR for runs; a final_model is tens of GB)",
+        "OSError: [Errno 28] No space left on device",
+    ),
+    Detector(
+        "cuda_out_of_memory",
+        r"CUDA out of memory|OutOfMemoryError",
+        (),
+        "the GPU ran out of memory",
+        "training: --datasets.vla_data.per_device_batch_size 1 and freeze backbone_interface; serving: "
+        "--use_bf16; check that no other process holds the GPU (nvidia-smi)",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ...",
+        facts="FACTS 1",
+    ),
+)
+
+
+def detect(text: str, kind: str) -> list[dict[str, _Any]]:
+    """The detectors whose error string occurs in a (normalised) log of ``kind``, in table order."""
+    from tutorial_utils import secrets
+
+    found = []
+    for det in DETECTORS:
+        m = det.search(text)
+        if m is None:
+            continue
+        line_start = text.rfind("\n", 0, m.start()) + 1
+        line_end = text.find("\n", m.end())
+        evidence = text[line_start : line_end if line_end >= 0 else len(text)].strip()
+        found.append(
+            {
+                "name": det.name,
+                "log": kind,
+                "stage": det.stage_for(kind),
+                "cause": det.cause,
+                "fix": det.fix,
+                "facts": det.facts,
+                "evidence": secrets.redact(evidence[:240]),
+            }
+        )
+    return found
+
+
 # --- diagnosis -----------------------------------------------------------------------------------
 
 
@@ -293,12 +856,14 @@ class Diagnosis:
     """What a run's logs show: the success signs seen, the stage that failed, likely causes."""
 
     run_dir: str
-    kind: str  # "evaluation", "training" or "unknown"
+    kind: str  # "evaluation", "training", "download" or "unknown"
     signs: dict[str, bool] = _field(default_factory=dict)
     failed_stage: str | None = None
     causes: list[str] = _field(default_factory=list)
     notes: list[str] = _field(default_factory=list)
     figures: dict[str, _Any] = _field(default_factory=dict)
+    #: the upstream error strings found (``detect``): name, log, stage, cause, fix, facts, evidence
+    detectors: list[dict[str, _Any]] = _field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -317,6 +882,9 @@ class Diagnosis:
         else:
             out.append(f"verdict: FAILED at stage '{self.failed_stage}'. Likely causes:")
             out += [f"  - {c}" for c in self.causes]
+        if self.detectors and not self.ok:
+            out.append("detectors matched (name: fix):")
+            out += [f"  - {f['name']}: {f['fix']}" for f in self.detectors]
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
 
@@ -342,9 +910,38 @@ def _first(run: _Path, patterns: tuple[str, ...], exclude: str = "") -> _Path | 
     return None
 
 
+#: The stages of an evaluation run, in order.
+EVAL_STAGES = ("server", "client connect", "LIBERO setup", "evaluation")
+
+
+def _apply_detectors(d: Diagnosis, found: list[dict[str, _Any]], order: tuple[str, ...]) -> None:
+    """Add matched detectors to ``d``: on a failed run the first one whose stage is not earlier
+    than the stage the logs reached names the stage, and each one's cause leads the causes."""
+    if not found:
+        return
+    d.detectors = found
+    if d.ok:
+        d.notes += [f"{f['name']} matched although every success sign was seen: {f['evidence']}" for f in found]
+        return
+    reached = order.index(d.failed_stage) if d.failed_stage in order else 0
+    for f in found:
+        if f["stage"] in order and order.index(f["stage"]) >= reached:
+            d.failed_stage = f["stage"]
+            break
+    d.causes = [f"{f['cause']} [{f['name']}] ({f['log']} log: {f['evidence']})" for f in found] + d.causes
+
+
 def _diagnose_eval(d: Diagnosis, server_log: _Path | None, eval_log: _Path | None) -> None:
     srv = parse_server_log(server_log) if server_log else None
     ev = parse_eval_log(eval_log) if eval_log else None
+    _diagnose_eval_stages(d, srv, ev)
+    found = (detect(_text(server_log), "server") if server_log else []) + (
+        detect(_text(eval_log), "eval") if eval_log else []
+    )
+    _apply_detectors(d, found, EVAL_STAGES)
+
+
+def _diagnose_eval_stages(d: Diagnosis, srv: dict[str, _Any] | None, ev: dict[str, _Any] | None) -> None:
     d.signs = {
         "server running": bool(srv and srv["running"]),
         "server listening": bool(srv and srv["listening"]),
@@ -370,7 +967,9 @@ def _diagnose_eval(d: Diagnosis, server_log: _Path | None, eval_log: _Path | Non
             "no server.log in the run directory: the server was never started, or the job died before collecting logs"
         ]
         return
-    if not (d.signs["server running"] or d.signs["server listening"]):
+    if not (d.signs["server running"] or d.signs["server listening"]) or (
+        srv["port_in_use"] and not d.signs["server listening"]
+    ):
         d.failed_stage = "server"
         if srv["port_in_use"]:
             d.causes.append("the port is already in use by another process: pick another `port` (0 picks a free one)")
@@ -409,23 +1008,64 @@ def _diagnose_eval(d: Diagnosis, server_log: _Path | None, eval_log: _Path | Non
 
 
 def _diagnose_train(d: Diagnosis, train_log: _Path) -> None:
-    tr = parse_train_log(train_log)
-    d.signs = {
-        "parameters counted": tr["total_params"] is not None,
-        "first loss line": bool(tr["steps"]),
-        "training complete": tr["final_model"] is not None,
-    }
+    text = _text(train_log)
+    tr = parse_train_log(text)
+    found = detect(text, "train")
     d.figures = {
         "steps_logged": len(tr["steps"]),
         "last_step": tr["steps"][-1]["step"] if tr["steps"] else None,
         "last_total_loss": (tr["steps"][-1]["losses"].get("total_loss") if tr["steps"] else None),
         "final_model": tr["final_model"],
     }
-    errs = [f"error in the log: {e}" for e in tr["errors"][-2:]]
+    errs = [f"error in the log: {e}" for e in [e for e in tr["errors"] if not _LAUNCHER_ERROR.search(e)][-2:]]
+    if _UPSTREAM_TRAIN_MARKER.search(text) or any(f["stage"] for f in found):
+        _diagnose_upstream_train(d, text, tr, errs)
+        _apply_detectors(d, found, tuple(s for s, _ in UPSTREAM_TRAIN_STAGES))
+        return
+    d.signs = {
+        "parameters counted": tr["total_params"] is not None,
+        "first loss line": bool(tr["steps"]),
+        "training complete": tr["final_model"] is not None,
+    }
     for sign, stage, causes in _TRAIN_STAGES:
         if not d.signs[sign]:
             d.failed_stage, d.causes = stage, errs + list(causes)
             break
+    _apply_detectors(d, found, tuple(stage for _, stage, _ in _TRAIN_STAGES))
+
+
+def _diagnose_upstream_train(d: Diagnosis, text: str, tr: dict[str, _Any], errs: list[str]) -> None:
+    """Upstream ``train.py``'s stage order (FACTS section 11): the last stage that started failed."""
+    last = 0
+    for i, (_, pat) in enumerate(UPSTREAM_TRAIN_STAGES):
+        if pat and _re.search(pat, text, _re.M):
+            last = i
+    if tr["steps"] and tr["total_steps"] and tr["steps"][-1]["step"] >= tr["total_steps"]:
+        last = len(UPSTREAM_TRAIN_STAGES) - 1
+    complete = tr["final_model"] is not None
+    if complete:
+        last = len(UPSTREAM_TRAIN_STAGES)
+    d.signs = {name: i < last for i, name in enumerate(UPSTREAM_TRAIN_SIGNS)}
+    d.signs["parameters counted"] = d.signs["parameters counted"] or tr["total_params"] is not None
+    d.signs["first loss line"] = bool(tr["steps"])
+    d.signs["training complete"] = complete
+    d.figures.update({"run_id": tr["run_id"], "total_steps": tr["total_steps"], "backend": "dit4dit"})
+    for i, name in enumerate(UPSTREAM_TRAIN_SIGNS):
+        if not d.signs[name]:
+            stage = UPSTREAM_TRAIN_STAGES[i][0]
+            d.failed_stage, d.causes = stage, errs + list(UPSTREAM_TRAIN_CAUSES[stage])
+            break
+
+
+def _diagnose_download(d: Diagnosis, log: _Path) -> None:
+    text = _text(log)
+    d.signs = {"download verified": bool(_re.search(r"verified: |manifest\.json", text))}
+    if not d.signs["download verified"]:
+        d.failed_stage = "download"
+        d.causes = [f"error in the log: {e}" for e in _errors(text.splitlines())[-2:]] + [
+            "the download stopped before verification: rerun `python -m tutorial_utils hub download ASSET`"
+        ]
+    _apply_detectors(d, detect(text, "download"), ("download",))
 
 
 #: (missing sign, stage that failed, likely causes) of a training run, in order.
@@ -476,13 +1116,18 @@ def diagnose(
     server_log: str | _os.PathLike | None = None,
     eval_log: str | _os.PathLike | None = None,
     train_log: str | _os.PathLike | None = None,
+    download_log: str | _os.PathLike | None = None,
 ) -> Diagnosis:
     """Read a run's logs and say which success signs were seen and, when one is missing, which
     stage failed and the likely causes.
 
     An evaluation run directory has ``server.log`` and ``eval_<suite>.log``; a training run
     ``train.log``. Promoted logs (``logs/eval_server.log`` ...) are diagnosed by naming the
-    files: ``diagnose(server_log=..., eval_log=...)``.
+    files: ``diagnose(server_log=..., eval_log=...)``. A download run has ``download*.log``.
+
+    Upstream DiT4DiT's own logs (Rich-formatted or plain) are read too: training follows
+    upstream's stage order, and each known upstream error string adds a detector with its fix
+    (``Diagnosis.detectors``, table ``DETECTORS``).
     """
     run = _Path(run_dir) if run_dir is not None else None
     if run is not None:
@@ -493,17 +1138,22 @@ def diagnose(
         server_log = server_log or _first(run, ("server.log", "*server*.log"))
         eval_log = eval_log or _first(run, ("eval_*.log", "eval.log"), exclude="server")
         train_log = train_log or _first(run, ("train.log", "train_*.log"))
-    where = _short(run) if run is not None else ", ".join(_short(p) for p in (server_log, eval_log, train_log) if p)
-    for p in (server_log, eval_log, train_log):
+        download_log = download_log or _first(run, ("download*.log", "hub*.log"))
+    logs = (server_log, eval_log, train_log, download_log)
+    where = _short(run) if run is not None else ", ".join(_short(p) for p in logs if p)
+    for p in logs:
         if p is not None and not _Path(p).is_file():
             raise FileNotFoundError(f"log file {p} not found")
-    server_log, eval_log, train_log = (_Path(p) if p else None for p in (server_log, eval_log, train_log))
+    server_log, eval_log, train_log, download_log = (_Path(p) if p else None for p in logs)
     if server_log or eval_log:
         d = Diagnosis(where, "evaluation")
         _diagnose_eval(d, server_log, eval_log)
     elif train_log:
         d = Diagnosis(where, "training")
         _diagnose_train(d, train_log)
+    elif download_log:
+        d = Diagnosis(where, "download")
+        _diagnose_download(d, download_log)
     else:
         d = Diagnosis(
             where,
