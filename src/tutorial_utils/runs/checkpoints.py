@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tutorial_utils.errors import ConfigError
 from tutorial_utils.io import atomic_dir, atomic_write_json
 from tutorial_utils.runs.registry import RunBusy, _json, disk_bytes, read_metrics, resolve, run_state
 from tutorial_utils.train import checkpoints as ck
@@ -32,6 +33,16 @@ EVALUATIONS_DIR = "evaluations"
 RESULTS_FILE = "results.json"  # the evaluation's file (tutorial_utils.evaluate.loop.RESULTS_FILE)
 #: the policy files a checkpoint shares with ``best`` and an exported bundle
 POLICY_FILES = ("model.safetensors", "config.json", "dataset_statistics.json")
+#: what ``best`` is chosen by unless the user names another metric (lower is better)
+DEFAULT_METRIC = "val_action_mae"
+#: metrics where higher is better (any other metric: lower is better)
+HIGHER_IS_BETTER = ("success_rate",)
+#: validation-row keys that are not metrics
+_NOT_METRICS = ("step", "best", "time", "val_frames")
+
+
+class MetricError(ConfigError):
+    """A metric the run does not record, or that no checkpoint of the run carries."""
 
 
 def wilson(successes: int, n: int, z: float = 1.959964) -> tuple[float, float] | None:
@@ -123,13 +134,103 @@ def attach_results(
     return atomic_write_json(d / EVALUATIONS_DIR / path.name / RESULTS_FILE, data)
 
 
-def mark_best(run: str | os.PathLike, checkpoint: str, runs_dir: str | os.PathLike | None = None) -> Path:
+def metric_mode(metric: str, mode: str | None = None) -> str:
+    """``"min"`` or ``"max"``: ``mode`` when given, else ``max`` for :data:`HIGHER_IS_BETTER`
+    (and any name with ``success`` in it), ``min`` for the rest (errors, losses)."""
+    if mode is None:
+        return "max" if metric in HIGHER_IS_BETTER or "success" in metric else "min"
+    if mode not in ("min", "max"):
+        raise ConfigError(f"mode={mode!r}: pass 'min' (lower is better) or 'max' (higher is better).")
+    return mode
+
+
+def metric_names(rows: list[dict], checkpoints: list[dict] = ()) -> list[str]:
+    """The metrics a run records: the keys of its validation rows (``val_*``) and, when a
+    checkpoint was evaluated, ``success_rate``."""
+    names = {
+        k
+        for r in rows
+        if DEFAULT_METRIC in r
+        for k, v in r.items()
+        if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    names |= {k for c in checkpoints for k in HIGHER_IS_BETTER if isinstance(c.get(k), (int, float))}
+    return sorted(names)
+
+
+def _score(row: dict, metric: str) -> float | None:
+    v = row.get(metric)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def pick_best(rows: list[dict], metric: str, mode: str | None = None) -> dict | None:
+    """The row with the best finite ``metric`` (``mode`` as :func:`metric_mode`); a tie goes to
+    the earlier row. None when no row has the metric."""
+    scored = [(v, i) for i, r in enumerate(rows) if (v := _score(r, metric)) is not None]
+    if not scored:
+        return None
+    sign = -1.0 if metric_mode(metric, mode) == "max" else 1.0
+    return rows[min(scored, key=lambda t: (sign * t[0], t[1]))[1]]
+
+
+def best_checkpoint(
+    run: str | os.PathLike,
+    metric: str = DEFAULT_METRIC,
+    mode: str | None = None,
+    runs_dir: str | os.PathLike | None = None,
+    results: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``step_*`` checkpoint of a run that is best by ``metric``: any key of the validation
+    rows (``val_action_mae`` by default, lower is better) or ``success_rate`` (higher is better)
+    for evaluated checkpoints. Returns its :func:`list_checkpoints` row plus ``run``, ``metric``,
+    ``mode`` and ``value``. A :class:`MetricError` names the metrics the run has."""
+    d = resolve(run, runs_dir)
+    cks = [r for r in list_checkpoints(d, results=results) if r["name"] != ck.BEST]
+    known = metric_names(read_metrics(d), cks)
+    if metric not in known:
+        raise MetricError(
+            f"{d / ck.METRICS_FILE}: run {d.name} has no metric {metric!r}. Its metrics: {', '.join(known) or 'none'} "
+            f"(validation rows; success_rate once a checkpoint is evaluated: runs.checkpoints.attach_results). "
+            "Pass one of them as metric (--metric)."
+        )
+    row = pick_best(cks, metric, mode)
+    if row is None:
+        raise MetricError(
+            f"{d}: no checkpoint of run {d.name} carries {metric!r} (checkpoints: "
+            f"{', '.join(r['name'] for r in cks) or 'none'}). Validation runs every eval_freq steps and checkpoints "
+            "every save_freq steps: make save_freq a multiple of eval_freq, or evaluate a checkpoint for success_rate."
+        )
+    return {
+        **row,
+        "run": d.name,
+        "path": str(d),
+        "metric": metric,
+        "mode": metric_mode(metric, mode),
+        "value": row[metric],
+    }
+
+
+def mark_best(
+    run: str | os.PathLike,
+    checkpoint: str | None = None,
+    runs_dir: str | os.PathLike | None = None,
+    *,
+    metric: str | None = None,
+    mode: str | None = None,
+) -> Path:
     """Make ``checkpoint`` the run's ``best`` by hand: its policy files are copied into
     ``checkpoints/best`` (replaced atomically), whose config.json records ``best: {by: hand,
     from, step, time}``. The training loop then no longer replaces ``best`` on a lower
-    validation error. Returns the ``best`` directory."""
+    validation error. Without ``checkpoint``, the one best by ``metric`` (default
+    :data:`DEFAULT_METRIC`, see :func:`best_checkpoint`) is marked and the record also says
+    ``metric``, ``mode`` and ``value``. Returns the ``best`` directory."""
     d = resolve(run, runs_dir)
     root = d / ck.CHECKPOINTS_DIR
+    chosen: dict[str, Any] = {}
+    if checkpoint is None:
+        pick = best_checkpoint(d, metric or DEFAULT_METRIC, mode)
+        checkpoint = pick["name"]
+        chosen = {"metric": pick["metric"], "mode": pick["mode"], "value": pick["value"]}
     src = ck.resolve_checkpoint(root, checkpoint, resumable=False)
     if src.name == ck.BEST:
         raise ck.CheckpointNotFound(f"{checkpoint!r} is best already; name the step_* checkpoint to mark.")
@@ -145,6 +246,7 @@ def mark_best(run: str | os.PathLike, checkpoint: str, runs_dir: str | os.PathLi
             "from": src.name,
             "step": step,
             "time": _dt.datetime.now().isoformat(timespec="seconds"),
+            **chosen,
         }
         if val:
             conf["val"] = val

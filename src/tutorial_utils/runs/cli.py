@@ -1,5 +1,5 @@
 """``python -m tutorial_utils runs ...``: list, show, copy, start, delete, stop, pause, resume,
-rollback, checkpoints, mark-best, prune, export, verify."""
+rollback, checkpoints, mark-best, best, compare, diagnose, prune, export, verify."""
 
 from __future__ import annotations
 
@@ -51,9 +51,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dest", default=None)
     p = sub.add_parser("checkpoints", help="a run's checkpoints: step, time, size, metrics, success rate")
     p.add_argument("run")
-    p = sub.add_parser("mark-best", help="make a checkpoint the run's best by hand")
+    p = sub.add_parser("mark-best", help="make a checkpoint the run's best by hand (or the best by --metric)")
     p.add_argument("run")
-    p.add_argument("checkpoint")
+    p.add_argument("checkpoint", nargs="?", default=None, help="a step_* name (default: the best by --metric)")
+    p.add_argument("--metric", default=None, help="val_action_mae (default), another validation metric, success_rate")
+    p.add_argument("--mode", choices=("min", "max"), default=None, help="default: max for success_rate, else min")
+    p = sub.add_parser("best", help="the best checkpoint by a metric, of one run or across runs (--mark marks it)")
+    p.add_argument("runs", nargs="+", metavar="run")
+    p.add_argument("--metric", default="val_action_mae", help="a validation metric or success_rate")
+    p.add_argument("--mode", choices=("min", "max"), default=None, help="default: max for success_rate, else min")
+    p.add_argument("--mark", action="store_true", help="make it its run's best (mark-best)")
+    p = sub.add_parser("compare", help="runs side by side: best/last table, parameter diff, seeds, curves")
+    p.add_argument("runs", nargs="+", metavar="run")
+    p.add_argument("--metric", default="val_action_mae", help="a validation metric or success_rate")
+    p.add_argument("--mode", choices=("min", "max"), default=None, help="default: max for success_rate, else min")
+    p.add_argument("--out", default=None, help="write the curves to this figure (.svg, .png, .pdf)")
+    p.add_argument("--smoothing", type=float, default=0.6, help="EMA smoothing of the loss curves, 0..0.99")
+    p = sub.add_parser("diagnose", help="what is wrong with a run, and the fix; exit code 1 on an error finding")
+    p.add_argument("run")
+    p.add_argument("--write", action="store_true", help="also record the diagnosis in the run's status.json")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = sub.add_parser("prune", help="keep the newest N step_* checkpoints (never last or best)")
     p.add_argument("run")
     p.add_argument("keep_last", type=int)
@@ -87,7 +104,7 @@ def _train_rc(res) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tutorial_utils.runs import checkpoints, control, export, registry
+    from tutorial_utils.runs import checkpoints, compare, control, export, health, registry
 
     args = _parser().parse_args(argv)
     rd = args.runs_dir
@@ -128,7 +145,29 @@ def main(argv: list[str] | None = None) -> int:
                     f"val {val:>7}  success {sr:<12} {r['reason']:<14} {flags}"
                 )
         elif args.cmd == "mark-best":
-            print(f"best <- {args.checkpoint}: {checkpoints.mark_best(args.run, args.checkpoint, rd)}")
+            path = checkpoints.mark_best(args.run, args.checkpoint, rd, metric=args.metric, mode=args.mode)
+            marked = json.loads((path / "config.json").read_text(encoding="utf-8"))["best"]
+            by = f" (by {marked['metric']} = {marked['value']:.4g})" if "metric" in marked else ""
+            print(f"best <- {marked['from']}{by}: {path}")
+        elif args.cmd == "best":
+            fn = compare.mark_best_across_runs if args.mark else compare.best_across_runs
+            b = fn(args.runs, args.metric, args.mode, rd)
+            print(
+                f"best by {b['metric']} ({b['mode']}): {b['run']} {b['checkpoint']} (step {b['step']}, {b['value']:.4g})"
+                + (f"; marked: {b['best_dir']}" if args.mark else "")
+            )
+        elif args.cmd == "compare":
+            cmp = compare.compare(args.runs, args.metric, args.mode, rd)
+            print(cmp.text())
+            if args.out:
+                cmp.figure(args.smoothing).savefig(args.out)
+                print(f"curves: {args.out}")
+        elif args.cmd == "diagnose":
+            diag = health.diagnose(args.run, rd)
+            if args.write:
+                health.record(args.run, rd, diag)
+            print(json.dumps(diag.as_dict(), indent=2) if args.json else diag.text())
+            return 0 if diag.ok else 1
         elif args.cmd == "prune":
             gone = checkpoints.prune(args.run, args.keep_last, rd)
             print(f"removed {', '.join(gone) or 'nothing'}")
