@@ -1,152 +1,31 @@
-"""The hub stage against a local stand-in for the Hub (stdlib http.server on 127.0.0.1).
+"""The hub stage against the package's local stand-in for the Hub (``hub.local_server``).
 
-The server speaks just what huggingface_hub uses for ``repo_info``, ``list_repo_tree`` and
-``snapshot_download``: revision info, the recursive tree, ``resolve`` with HEAD/GET, ETag,
-X-Repo-Commit, Content-Length and Range, and errors through ``X-Error-Code``. It serves a
-dataset the project generates as ``dataset:libero_spatial``, a small fake checkpoint as
-``checkpoint`` and a gated ``cosmos`` on a slashed revision.
+It serves a dataset the project generates as ``dataset:libero_spatial``, a small fake
+checkpoint as ``checkpoint`` and a gated ``cosmos`` on a slashed revision; faults (a response
+cut short, a stall inside a big file) and a small tmpfs show what a real network and a full
+disk do to a download.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlsplit
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from helpers import TINY_MINI, fill
+from tutorial_utils.errors import DiskFull
 from tutorial_utils.hub import download as hub
 from tutorial_utils.hub.assets import ASSETS, get_asset
+from tutorial_utils.hub.local_server import LocalHub, LocalRepo, serve_repos
 
 GOOD_TOKEN = "hf_test_good_token_0123456789"
 NO_ACCESS_TOKEN = "hf_test_no_access_0123456789"
-
-
-class Repo:
-    def __init__(self, repo_id: str, repo_type: str, files: dict[str, bytes], revisions=("main",), gated=False):
-        self.repo_id, self.repo_type, self.files, self.gated = repo_id, repo_type, files, gated
-        self.commit = hashlib.sha1(repo_id.encode()).hexdigest()
-        self.revisions = {r: self.commit for r in revisions} | {self.commit: self.commit}
-
-    def entry(self, path: str) -> dict:
-        data = self.files[path]
-        blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-        out = {"type": "file", "path": path, "size": len(data), "oid": blob}
-        if not path.endswith((".json", ".jsonl", ".yaml")):  # binaries are LFS files, as on the Hub
-            out["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
-        return out
-
-
-class FakeHub:
-    def __init__(self):
-        self.repos: dict[tuple[str, str], Repo] = {}
-        self.log: list[tuple[str, str]] = []
-        hubself = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_HEAD(self):
-                hubself.handle(self, head=True)
-
-            def do_GET(self):
-                hubself.handle(self, head=False)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def add(self, repo: Repo) -> Repo:
-        self.repos[(repo.repo_type, repo.repo_id)] = repo
-        return repo
-
-    @staticmethod
-    def _send(h, status: int, body: bytes = b"", headers: dict | None = None, head: bool = False):
-        h.send_response(status)
-        for k, v in (headers or {}).items():
-            h.send_header(k, str(v))
-        h.send_header("Content-Length", str((headers or {}).get("Content-Length", len(body))))
-        h.end_headers()
-        if not head and body:
-            h.wfile.write(body)
-
-    def _error(self, h, status, code=None, message=None, head=False):
-        headers = {"Content-Type": "application/json"}
-        if code:
-            headers["X-Error-Code"] = code
-        if message:
-            headers["X-Error-Message"] = message
-        self._send(h, status, json.dumps({"error": message or code}).encode(), headers, head)
-
-    def _split_rev(self, repo: Repo, rest: str) -> tuple[str | None, str]:
-        """'<revision>/<path>' with a revision that may contain slashes."""
-        for rev in sorted(repo.revisions, key=len, reverse=True):
-            if rest == rev or rest.startswith(rev + "/"):
-                return rev, rest[len(rev) + 1 :]
-        return None, rest
-
-    def _auth(self, h, repo: Repo, head: bool) -> bool:
-        if not repo.gated:
-            return True
-        auth = h.headers.get("Authorization", "")
-        if auth == f"Bearer {GOOD_TOKEN}":
-            return True
-        if auth == f"Bearer {NO_ACCESS_TOKEN}":
-            self._error(
-                h, 403, "GatedRepo", "Access to model is restricted and you are not in the authorized list.", head
-            )
-        elif auth:
-            self._error(h, 401, None, "Invalid credentials in Authorization header", head)
-        else:
-            self._error(h, 401, "GatedRepo", "Access to model is restricted. You must be authenticated.", head)
-        return False
-
-    def handle(self, h, head: bool):
-        split = urlsplit(h.path)
-        self.log.append((h.command, h.path))
-        parts = split.path.split("/")[1:]
-        api = parts[:1] == ["api"]
-        if api:
-            repo_type, parts = parts[1].rstrip("s"), parts[2:]
-        elif parts[:1] == ["datasets"]:
-            repo_type, parts = "dataset", parts[1:]
-        else:
-            repo_type = "model"
-        repo_id, kind, rest = "/".join(parts[:2]), parts[2] if len(parts) > 2 else "", "/".join(parts[3:])
-        repo = self.repos.get((repo_type, repo_id))
-        if repo is None:
-            return self._error(h, 401, "RepoNotFound", "Repository not found", head)
-        if not self._auth(h, repo, head):
-            return None
-        rev, path = self._split_rev(repo, unquote(rest))
-        if rev is None:
-            return self._error(h, 404, "RevisionNotFound", "Invalid rev id", head)
-        sha = repo.revisions[rev]
-        if api and kind == "revision":
-            body = {"id": repo.repo_id, "sha": sha, "private": False, "gated": "manual" if repo.gated else False}
-            body["siblings"] = [{"rfilename": p} for p in sorted(repo.files)]
-            return self._send(h, 200, json.dumps(body).encode(), {"Content-Type": "application/json"}, head)
-        if api and kind == "tree":
-            pre = path.rstrip("/") + "/" if path else ""
-            entries = [repo.entry(p) for p in sorted(repo.files) if p.startswith(pre)]
-            return self._send(h, 200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, head)
-        if not api and kind == "resolve":
-            if path not in repo.files:
-                return self._error(h, 404, "EntryNotFound", "Entry not found", head)
-            data, entry = repo.files[path], repo.entry(path)
-            etag = entry["lfs"]["oid"] if "lfs" in entry else entry["oid"]
-            headers = {"X-Repo-Commit": sha, "ETag": f'"{etag}"', "Accept-Ranges": "bytes"}
-            status, rng = 200, h.headers.get("Range")
-            if rng and rng.startswith("bytes="):
-                start_s, _, end_s = rng[6:].partition("-")
-                start, end = int(start_s), int(end_s) if end_s else len(data) - 1
-                headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
-                data, status = data[start : end + 1], 206
-            return self._send(h, status, data, headers, head)
-        return self._error(h, 404, None, f"not served: {h.path}", head)
 
 
 @pytest.fixture(scope="module")
@@ -154,9 +33,9 @@ def fake_hub(tmp_path_factory):
     from tutorial_utils.data.synth import generate_dataset
 
     root = generate_dataset(tmp_path_factory.mktemp("ds") / "d", n_episodes=2, mean_length=8, image_size=32)
-    ds_files = {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-    server = FakeHub()
-    server.add(Repo(ASSETS["dataset:libero_spatial"].repo_id, "dataset", ds_files))
+    server = LocalHub(tokens=(GOOD_TOKEN, NO_ACCESS_TOKEN), licences=(GOOD_TOKEN,))
+    server.start()
+    server.add(LocalRepo(ASSETS["dataset:libero_spatial"].repo_id, root, "dataset"))
     ckpt = {
         "dit4dit_libero/final_model/pytorch_model.pt": bytes(range(256)) * 40,
         "dit4dit_libero/config.yaml": b"framework:\n  cosmos25:\n    base_model: /path/to/Cosmos-Predict2.5-2B\n",
@@ -164,11 +43,11 @@ def fake_hub(tmp_path_factory):
         "dit4dit_robocasa/final_model/pytorch_model.pt": b"\0" * 5000,  # must not be fetched
         "README.md": b"# DiT4DiT\n",
     }
-    server.add(Repo(ASSETS["checkpoint"].repo_id, "model", ckpt))
+    server.add(LocalRepo(ASSETS["checkpoint"].repo_id, ckpt))
     cosmos = {"model_index.json": b'{"_class_name": "Cosmos"}', "transformer/weights.safetensors": b"\1" * 3000}
-    server.add(Repo(ASSETS["cosmos"].repo_id, "model", cosmos, revisions=("diffusers/base/post-trained",), gated=True))
+    server.add(LocalRepo(ASSETS["cosmos"].repo_id, cosmos, revisions=("diffusers/base/post-trained",), gated=True))
     yield server
-    server.server.shutdown()
+    server.close()
 
 
 @pytest.fixture(autouse=True)
@@ -186,7 +65,7 @@ def test_plan_lists_files_and_bytes(fake_hub, tmp_path, capsys):
 
     p = hub.plan("checkpoint", endpoint=fake_hub.url, dest=tmp_path)
     paths = [f["path"] for f in p["files"]]
-    assert paths == sorted(k for k in fake_hub.repos[("model", p["repo_id"])].files if k.startswith("dit4dit_libero/"))
+    assert paths == sorted(k for k in fake_hub.repo(p["repo_id"]).paths if k.startswith("dit4dit_libero/"))
     assert p["total_bytes"] == sum(f["size"] for f in p["files"]) and p["n_files"] == 3
     assert p["fits"] is True
     assert main(["plan", "dataset:libero_spatial", "--endpoint", fake_hub.url]) == 0
@@ -199,11 +78,12 @@ def test_download_verify_manifest_and_dataset_opens(fake_hub, tmp_path):
 
     dest = tmp_path / "libero_spatial_no_noops_1.0.0_lerobot"
     out = hub.download("dataset:libero_spatial", dest, endpoint=fake_hub.url)
-    assert out["verify"]["ok"] and out["verify"]["sha256_checked"] > 0
+    assert out["verify"]["ok"] and out["verify"]["checksums_checked"] == out["verify"]["n_files"]
     manifest = json.loads((dest / "manifest.json").read_text())
-    repo = fake_hub.repos[("dataset", ASSETS["dataset:libero_spatial"].repo_id)]
+    repo = fake_hub.repo(ASSETS["dataset:libero_spatial"].repo_id, "dataset")
     assert manifest["commit"] == repo.commit and manifest["revision"] == "main"
-    assert manifest["files"] == {k: len(v) for k, v in repo.files.items()}
+    assert manifest["files"] == {k: repo.size(k) for k in repo.paths}
+    assert manifest["checksum_method"] == "HfApi.verify_repo_checksums"
     assert any(m == "GET" and "/resolve/" in u for m, u in fake_hub.log)
     ds = LeRobotDataset(dest)
     ds.validate(deep=True)
@@ -282,3 +162,314 @@ def test_repo_and_revision_not_found(fake_hub, tmp_path):
         hub.plan(get_asset("dataset:libero_goal"), endpoint=fake_hub.url)
     with pytest.raises(hub.HubNotFoundError, match="revision 'nope' not found"):
         hub.download(replace(get_asset("checkpoint"), revision="nope"), tmp_path / "x", endpoint=fake_hub.url)
+
+
+# --- the local server itself ------------------------------------------------------------------------
+
+
+def test_serve_repos_by_asset_name_and_bad_specs(tmp_path):
+    from tutorial_utils.errors import ConfigError
+
+    folder = tmp_path / "cosmos"
+    (folder / "transformer").mkdir(parents=True)
+    (folder / "model_index.json").write_text("{}")
+    (folder / "transformer/w.safetensors").write_bytes(b"\2" * 100)
+    (folder / ".cache/huggingface").mkdir(parents=True)
+    (folder / ".cache/huggingface/x.incomplete").write_bytes(b"never served")
+    with serve_repos({"cosmos": folder}, tokens=(GOOD_TOKEN,), licences=(GOOD_TOKEN,)) as url:
+        p = hub.plan("cosmos", endpoint=url, token=GOOD_TOKEN)
+        assert [f["path"] for f in p["files"]] == ["model_index.json", "transformer/w.safetensors"]
+        assert p["files"][1]["sha256"] and p["files"][0]["sha256"] is None  # binaries are LFS files
+        with pytest.raises(hub.HubAuthError):
+            hub.plan("cosmos", endpoint=url)  # the asset table says gated: so is the stand-in
+    with pytest.raises(ConfigError, match="not a folder"):
+        LocalRepo("a/b", tmp_path / "nope")
+    with pytest.raises(ConfigError, match="model:owner/name"):
+        with serve_repos({"weird": folder}):
+            pass
+
+
+# --- faults: a response cut short, a kill mid-file, a full disk ---------------------------------------
+
+BIG = "dit4dit_libero/final_model/pytorch_model.pt"
+
+
+def _ckpt_files(big_bytes: int) -> dict[str, bytes]:
+    return {
+        BIG: os.urandom(big_bytes),
+        "dit4dit_libero/config.yaml": b"framework: {}\n",
+        "dit4dit_libero/dataset_statistics.json": b"{}",
+    }
+
+
+def test_a_response_cut_short_once_is_retried(tmp_path):
+    with LocalHub() as server:
+        server.add(LocalRepo(ASSETS["checkpoint"].repo_id, _ckpt_files(200_000)))
+        server.truncate(BIG, at=1000, times=1)
+        out = hub.download("checkpoint", tmp_path / "once", endpoint=server.url, progress=False)
+    assert out["verify"]["ok"] and sum(1 for m, u in server.log if m == "GET" and u.endswith(BIG)) == 2
+
+
+@pytest.mark.slow
+def test_responses_always_cut_short_are_a_teaching_error_and_leave_no_short_file(tmp_path):
+    with LocalHub() as server:  # huggingface_hub retries with a back-off first (~6 s)
+        server.add(LocalRepo(ASSETS["checkpoint"].repo_id, _ckpt_files(200_000)))
+        server.truncate(BIG, at=1000, times=-1)
+        with pytest.raises(hub.HubTimeoutError, match="cut short.*received 1000 bytes"):
+            hub.download("checkpoint", tmp_path / "always", endpoint=server.url, progress=False)
+    assert not (tmp_path / "always" / "manifest.json").exists()
+    assert not (tmp_path / "always" / BIG).exists()  # no short file passes as a finished one
+
+
+def test_verify_never_passes_a_short_file(fake_hub, tmp_path):
+    dest = tmp_path / "ckpt"
+    hub.download("checkpoint", dest, endpoint=fake_hub.url, progress=False)
+    pt = dest / BIG
+    pt.write_bytes(pt.read_bytes()[:-1])
+    with pytest.raises(hub.HubVerifyError, match=r"pytorch_model\.pt: 10239 bytes, the Hub has 10240"):
+        hub.verify("checkpoint", dest, endpoint=fake_hub.url)
+
+
+def test_verify_without_verify_repo_checksums_uses_the_tree_sha256(fake_hub, tmp_path, monkeypatch):
+    from huggingface_hub import HfApi
+
+    dest = tmp_path / "ckpt"
+    hub.download("checkpoint", dest, endpoint=fake_hub.url, verify_after=False, progress=False)
+    monkeypatch.delattr(HfApi, "verify_repo_checksums")  # as on huggingface_hub 0.x
+    v = hub.verify("checkpoint", dest, endpoint=fake_hub.url)
+    assert v["checksum_method"] == "sha256 from the repo tree" and v["checksums_checked"] == 1  # the one LFS file
+    data = bytearray((dest / BIG).read_bytes())
+    data[7] ^= 1
+    (dest / BIG).write_bytes(bytes(data))
+    with pytest.raises(hub.HubVerifyError, match="sha256 differs"):
+        hub.verify("checkpoint", dest, endpoint=fake_hub.url)
+
+
+def test_killed_mid_file_then_rerun_verifies_clean_and_removes_the_stale_file(tmp_path):
+    """SIGKILL the CLI and its download child while they are inside the big file (the server
+    stalls there), then rerun: the download completes, verify passes, the stale ``.incomplete``
+    huggingface_hub left is reported and removed."""
+    dest = tmp_path / "dit4dit-model"
+    with LocalHub() as server:
+        server.add(LocalRepo(ASSETS["checkpoint"].repo_id, _ckpt_files(3_000_000)))
+        server.stall(BIG, at=1_000_000, seconds=120)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, "-m", "tutorial_utils", "hub", "download", "checkpoint", "--dest", str(dest)]
+        proc = subprocess.Popen(
+            [*cmd, "--endpoint", server.url], env=env, start_new_session=True, stderr=subprocess.DEVNULL
+        )
+        try:
+            assert server.stalled.wait(60), "the download never reached the big file"
+            deadline = time.monotonic() + 20
+            while not hub.stale_incomplete(dest) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        stale = hub.stale_incomplete(dest)
+        assert stale and not (dest / BIG).exists() and not (dest / "manifest.json").exists()
+        with pytest.raises(hub.HubVerifyError, match=f"{BIG}: missing.*Stale partial downloads: ") as info:
+            hub.verify("checkpoint", dest, endpoint=server.url)
+        stale = hub.stale_incomplete(dest)  # other files may have been in flight too
+        assert f"Stale partial downloads: {len(stale)}." in str(info.value)
+        out = hub.download("checkpoint", dest, endpoint=server.url, progress=False)
+    assert out["verify"]["ok"] and set(stale) <= set(out["verify"]["stale_incomplete"])
+    assert hub.stale_incomplete(dest) == []
+    manifest = json.loads((dest / "manifest.json").read_text())
+    assert set(stale) <= set(manifest["stale_incomplete_removed"])
+
+
+def test_plan_refuses_a_download_that_does_not_fit(tmp_path, small_disk):
+    with LocalHub() as server:
+        server.add(LocalRepo(ASSETS["checkpoint"].repo_id, _ckpt_files(3_000_000)))
+        fill(small_disk, leave=1_000_000)
+        p = hub.plan("checkpoint", endpoint=server.url, dest=small_disk / "ckpt")
+        assert p["fits"] is False and p["needed_bytes"] > p["free_bytes"]
+        with pytest.raises(DiskFull, match=r"does not fit, nothing was fetched\. Disk plan: .*3 files"):
+            hub.download("checkpoint", small_disk / "ckpt", endpoint=server.url, progress=False)
+        assert not any(m == "GET" and "/resolve/" in u for m, u in server.log)
+
+
+def test_disk_filling_up_mid_download_is_disk_full_with_the_plan(tmp_path, small_disk):
+    """The plan fits, then another writer fills the disk while the big file streams."""
+    with LocalHub() as server:
+        server.add(LocalRepo(ASSETS["checkpoint"].repo_id, _ckpt_files(2_000_000)))
+
+        def fill_on_big_get(method, path):
+            if method == "GET" and path.endswith(BIG):
+                fill(small_disk)
+
+        server.hooks.append(fill_on_big_get)
+        with pytest.raises(DiskFull, match=r"no space left during the download.*Disk plan: .*free at"):
+            hub.download("checkpoint", small_disk / "ckpt", endpoint=server.url, progress=False)
+    assert not (small_disk / "ckpt" / "manifest.json").exists()
+
+
+# --- the downloaded dataset flows on -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_downloaded_dataset_flows_into_metadata_validate_and_a_2_step_training(fake_hub, tmp_path, capsys):
+    from tutorial_utils.data import modality, stats
+    from tutorial_utils.data.cli import main as dataset_main
+    from tutorial_utils.logs import parse_train_log
+    from tutorial_utils.train.cli import main as train_main
+
+    dest = tmp_path / "libero_spatial_no_noops_1.0.0_lerobot"
+    hub.download("dataset:libero_spatial", dest, endpoint=fake_hub.url, progress=False)
+    modality.build_modality(dest)
+    assert (dest / "meta/modality.json").is_file()
+    st = stats.compute_all(dest)
+    assert st["num_trajectories"] == 2 and (dest / "meta/stats_gr00t.json").is_file()
+    assert dataset_main(["validate", str(dest)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["modality"] == "ok"
+    hub.verify("dataset:libero_spatial", dest, endpoint=fake_hub.url)  # our meta files do not break it
+    tiny = {k: v for k, v in TINY_MINI.items() if k not in ("scheduler_warmup_steps", "val_samples")}
+    overrides = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in tiny.items()]
+    out = tmp_path / "run"
+    argv = ["--dataset", str(dest), "--output-dir", str(out), "steps=2", "batch_size=1", "logging_frequency=1"]
+    assert train_main([*argv, *overrides]) == 0
+    log = parse_train_log(out / "train.log")
+    assert [s["step"] for s in log["steps"]] == [1, 2] and log["final_model"]
+
+
+# --- a dataset archive from a URL ---------------------------------------------------------------------
+
+
+def _tar(path, folder, arcname, extra: list | None = None):
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as t:
+        t.add(folder, arcname=arcname)
+        for info, data in extra or []:
+            t.addfile(info, data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory):
+    import io
+    import shutil
+    import tarfile
+
+    from tutorial_utils.data.synth import generate_dataset
+
+    tmp = tmp_path_factory.mktemp("arch")
+    root = generate_dataset(tmp / "my_dataset", n_episodes=2, mean_length=6, image_size=32)
+    files = {"my_dataset.tar.gz": _tar(tmp / "a.tgz", root, "my_dataset").read_bytes()}
+    files["flat.zip"] = Path(shutil.make_archive(str(tmp / "flat"), "zip", root)).read_bytes()
+    evil = tarfile.TarInfo("../evil.txt")
+    evil.size = 4
+    files["evil.tar.gz"] = _tar(tmp / "e.tgz", root, "my_dataset", [(evil, io.BytesIO(b"evil"))]).read_bytes()
+    link = tarfile.TarInfo("my_dataset/meta/link")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    files["link.tar.gz"] = _tar(tmp / "l.tgz", root, "my_dataset", [(link, None)]).read_bytes()
+    files["notadataset.tar"] = _plain_tar(tmp / "n.tar")
+    return files
+
+
+def _plain_tar(path):
+    import tarfile
+
+    (path.parent / "readme.txt").write_text("hello")
+    with tarfile.open(path, "w") as t:
+        t.add(path.parent / "readme.txt", arcname="readme.txt")
+    return path.read_bytes()
+
+
+def test_dataset_archive_from_a_url(archives, tmp_path, capsys):
+    import hashlib
+
+    from tutorial_utils.data.cli import main as dataset_main
+    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.hub.archive import ArchiveError, fetch_archive
+
+    with LocalHub() as server:
+        server.add(LocalRepo("someone/archives", archives, "dataset"))
+        base = f"{server.url}/datasets/someone/archives/resolve/main"
+        sha = hashlib.sha256(archives["my_dataset.tar.gz"]).hexdigest()
+        assert dataset_main(["import-url", f"{base}/my_dataset.tar.gz", str(tmp_path / "a"), "--sha256", sha]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert out["sha256"] == sha and out["validate"]
+        assert LeRobotDataset(tmp_path / "a").num_episodes == 2
+        res = fetch_archive(f"{base}/flat.zip", tmp_path / "b")  # no top folder: the archive is the dataset
+        assert res["files"] > 5 and (tmp_path / "b/meta/info.json").is_file()
+        with pytest.raises(ArchiveError, match="already exists"):
+            fetch_archive(f"{base}/flat.zip", tmp_path / "b")
+        with pytest.raises(ArchiveError, match="sha256 .* differs"):
+            fetch_archive(f"{base}/my_dataset.tar.gz", tmp_path / "c", sha256="0" * 64)
+        with pytest.raises(ArchiveError, match=r"'\.\./evil\.txt' would be written outside"):
+            fetch_archive(f"{base}/evil.tar.gz", tmp_path / "d")
+        with pytest.raises(ArchiveError, match="is a link"):
+            fetch_archive(f"{base}/link.tar.gz", tmp_path / "e")
+        with pytest.raises(ArchiveError, match="no LeRobot dataset"):
+            fetch_archive(f"{base}/notadataset.tar", tmp_path / "f")
+        with pytest.raises(ArchiveError, match="HTTP 404"):
+            fetch_archive(f"{base}/missing.tar", tmp_path / "g")
+        server.truncate("my_dataset.tar.gz", at=100, times=-1)
+        with pytest.raises(ArchiveError, match="cut short"):
+            fetch_archive(f"{base}/my_dataset.tar.gz", tmp_path / "h")
+    assert not (tmp_path / "evil.txt").exists()
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    assert leftovers == [] and sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+# --- the download job ---------------------------------------------------------------------------------
+
+
+def test_download_job_local_plans_downloads_verifies_and_records_the_manifest(tmp_path):
+    from tutorial_utils import jobs
+    from tutorial_utils.data.synth import generate_dataset
+    from tutorial_utils.errors import ConfigError
+    from tutorial_utils.hub import job
+
+    src = generate_dataset(tmp_path / "src", n_episodes=2, mean_length=6, image_size=32)
+    run = jobs.ensure_run_dir(tmp_path / "run", "download")
+    out = job.run_job(run, local_source=src, asset="dataset:libero_goal", dest="run", endpoint="local")
+    signs = jobs.read_status(run)["success_signs"]
+    manifest = json.loads(open(signs["manifest"]).read())
+    assert manifest["repo_id"] == "IPEC-COMMUNITY/libero_goal_no_noops_1.0.0_lerobot"
+    assert signs["verified_files"] == signs["planned_files"] == len(manifest["files"]) > 5 and signs["fits"]
+    assert out["dest"] == str(run / "libero_goal_no_noops_1.0.0_lerobot") and (run / "plan.json").is_file()
+    dry = jobs.ensure_run_dir(tmp_path / "dry", "download")
+    job.run_job(dry, local_source=src, dest=str(tmp_path / "never"), endpoint="local", dry_run="true")
+    assert "manifest" not in jobs.read_status(dry)["success_signs"] and not (tmp_path / "never").exists()
+    with pytest.raises(ConfigError, match="local_source"):
+        job.run_job(dry, endpoint="local")
+    with pytest.raises(ConfigError, match="unknown Hub asset"):
+        job.run_job(dry, local_source=src, asset="dataset:nope", endpoint="local")
+
+
+@pytest.mark.slow
+def test_download_job_notebook_runs_offline_under_the_ci_profile(runs_dir):
+    from tutorial_utils import jobs
+
+    res = jobs.run_notebook("notebooks/jobs/download.md")
+    status = json.loads((res.run_dir / "status.json").read_text())
+    assert status["state"] == "succeeded" and status["success_signs"]["manifest"].endswith("manifest.json")
+    assert "local stand-in" in (res.run_dir / "job.log").read_text()
+
+
+def test_progress_bar_on_request_and_none_by_default_when_not_a_tty(fake_hub, tmp_path, capfd):
+    hub.download("checkpoint", tmp_path / "a", endpoint=fake_hub.url, progress=True, verify_after=False)
+    assert "100%" in capfd.readouterr().err  # huggingface_hub's tqdm bars, on stderr
+    hub.download("checkpoint", tmp_path / "b", endpoint=fake_hub.url, verify_after=False)
+    assert "100%" not in capfd.readouterr().err
+
+
+def test_cli_serve_then_plan_against_it(tmp_path):
+    from tutorial_utils.data.synth import generate_dataset
+
+    src = generate_dataset(tmp_path / "src", n_episodes=1, mean_length=4, image_size=32)
+    cmd = [sys.executable, "-m", "tutorial_utils", "hub", "serve", "dataset:libero_spatial", "--source", str(src)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "local stand-in for the Hub" in line
+        url = line.rsplit(" ", 1)[-1].strip()
+        plan = [sys.executable, "-m", "tutorial_utils", "hub", "plan", "dataset:libero_spatial", "--endpoint", url]
+        out = subprocess.run(plan, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "meta/info.json" in out.stdout and "bytes" in out.stdout
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 0

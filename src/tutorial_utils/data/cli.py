@@ -1,4 +1,5 @@
-"""``python -m tutorial_utils dataset {info,validate,generate,stats}``: the dataset stage's CLI."""
+"""``python -m tutorial_utils dataset {info,validate,generate,stats,import-hdf5,import-url}``: the dataset
+stage's CLI."""
 
 from __future__ import annotations
 
@@ -40,6 +41,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also write the upstream meta/steps_data_index.pkl (for DiT4DiT's loader)",
     )
+    p = sub.add_parser("import-hdf5", help="convert LIBERO's original HDF5 demos (robomimic layout) to LeRobot v2.1")
+    p.add_argument("sources", nargs="+", help="*_demo.hdf5 files or folders holding them")
+    p.add_argument("--root", required=True, help="the dataset folder to write (an interrupted import resumes)")
+    p.add_argument("--image-size", type=int, default=None, help="resize both cameras (default: the files' size)")
+    p.add_argument("--drop-noops", action="store_true", help="drop no-op actions, as the no_noops datasets do")
+    p.add_argument("--max-episodes", type=int, default=None)
+    p = sub.add_parser("import-url", help="fetch a .tar/.tgz/.zip of a v2.1 dataset from a URL, then validate it")
+    p.add_argument("url")
+    p.add_argument("root", help="where the dataset goes (must not exist)")
+    p.add_argument("--sha256", default=None, help="expected sha256 of the archive")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "info":
@@ -68,6 +79,25 @@ def main(argv: list[str] | None = None) -> int:
                 overwrite=args.overwrite,
             )
             print(json.dumps(LeRobotDataset(root).summary()))
+        elif args.cmd == "import-hdf5":
+            from tutorial_utils.data.hdf5 import import_hdf5
+
+            summary = import_hdf5(
+                args.sources,
+                args.root,
+                image_size=args.image_size,
+                drop_noops=args.drop_noops,
+                max_episodes=args.max_episodes,
+                progress=True,
+            )
+            LeRobotDataset(args.root, verify_videos=True).validate()
+            print(json.dumps(summary))
+        elif args.cmd == "import-url":
+            from tutorial_utils.hub.archive import fetch_archive
+
+            summary = fetch_archive(args.url, args.root, sha256=args.sha256)
+            summary["validate"] = LeRobotDataset(args.root, verify_videos=True).validate()
+            print(json.dumps(summary, default=str))
         elif args.cmd == "stats":
             from tutorial_utils.data.stats import compute_all
 

@@ -15,11 +15,13 @@ from tutorial_utils.hub.assets import ASSETS
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tutorial_utils hub", description=__doc__.split("\n")[0])
-    ap.add_argument("action", choices=("plan", "download", "verify", "list"))
+    ap.add_argument("action", choices=("plan", "download", "verify", "list", "serve"))
     ap.add_argument("asset", nargs="?", help=f"one of: {', '.join(ASSETS)}")
     ap.add_argument("--dest", help="local folder (download target)")
     ap.add_argument("--endpoint", default=None, help="Hub URL (default: HF_ENDPOINT or huggingface.co)")
     ap.add_argument("--timeout", type=float, default=None, help="HF_HUB_DOWNLOAD_TIMEOUT for the download, seconds")
+    ap.add_argument("--source", help="serve: the folder to serve as ASSET on a local stand-in for the Hub")
+    ap.add_argument("--port", type=int, default=0, help="serve: the port on 127.0.0.1 (default: a free one)")
     ns = ap.parse_args(argv)
     if ns.action == "list":
         for name, a in ASSETS.items():
@@ -27,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not ns.asset:
         ap.error("ASSET is required")
+    if ns.action == "serve":
+        return _serve(ns.asset, ns.source, ns.port)
     if ns.action in ("download", "verify") and not ns.dest:
         ap.error("--dest is required")
     from tutorial_utils.hub import download as hub
@@ -41,19 +45,50 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{p['n_files']} files, {p['total_bytes']:,} bytes ({human_bytes(p['total_bytes'])})")
             if "free_bytes" in p:
                 verdict = "fits" if p["fits"] else "DOES NOT FIT: free space first"
-                print(f"free at {ns.dest}: {human_bytes(p['free_bytes'])} -> {verdict}")
+                print(f"{hub.disk_plan_text(p)} -> {verdict}")
         elif ns.action == "download":
             out = hub.download(ns.asset, ns.dest, endpoint=ns.endpoint, timeout_s=ns.timeout)
             v = out["verify"]
             print(f"downloaded {v['n_files']} files ({v['total']}) in {out['seconds']} s; verified: {v['manifest']}")
         else:
             v = hub.verify(ns.asset, ns.dest, endpoint=ns.endpoint)
-            print(f"verified {v['n_files']} files ({v['total']}, sha256 of {v['sha256_checked']}): {v['manifest']}")
-            if v["stale_incomplete"]:
-                print(f"removed {len(v['stale_incomplete'])} stale .incomplete file(s)")
+            print(
+                f"verified {v['n_files']} files ({v['total']}, {v['checksums_checked']} checksums by "
+                f"{v['checksum_method']}): {v['manifest']}"
+            )
+        if ns.action in ("download", "verify") and v["stale_incomplete"]:
+            print(f"removed {len(v['stale_incomplete'])} stale .incomplete file(s): {', '.join(v['stale_incomplete'])}")
     except TutorialError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _serve(asset: str, source: str | None, port: int) -> int:
+    """Serve ``source`` as ``asset`` until interrupted (the book's stand-in for huggingface.co)."""
+    import time
+
+    from tutorial_utils.hub.assets import get_asset
+    from tutorial_utils.hub.local_server import LocalHub, repo_from_spec
+
+    if not source:
+        print("error: serve needs --source DIR (the folder to serve)", file=sys.stderr)
+        return 2
+    try:
+        get_asset(asset)
+        hub = LocalHub(port=port)
+        hub.add(repo_from_spec(asset, source, gated=False))
+    except TutorialError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    with hub:
+        print(f"serving {source} as {asset} on a local stand-in for the Hub: {hub.url}", flush=True)
+        print(f"use it with --endpoint {hub.url} (or HF_ENDPOINT={hub.url}); Ctrl-C stops it", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
     return 0
 
 

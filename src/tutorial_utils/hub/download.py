@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tutorial_utils.errors import DiskFull, TutorialError
+from tutorial_utils.errors import DiskFull, TutorialError, is_disk_full
 from tutorial_utils.hub.assets import Asset, get_asset
 from tutorial_utils.io import atomic_write_json, human_bytes, sha256_file
 
@@ -75,6 +76,13 @@ def teach(asset: Asset, names: list[str], status: int | None, message: str = "")
         return HubNotFoundError(
             f"{where}: repository not found. Fix: check the repo id and --repo-type "
             f"({'dataset' if a.repo_type == 'dataset' else 'model'}).{hint}"
+        )
+    if "RemoteProtocolError" in has or "peer closed connection" in message or "Consistency check failed" in message:
+        return HubTimeoutError(
+            f"{where}: a response was cut short: the connection closed before the whole file arrived "
+            f"({message[:200]}), and huggingface_hub's retries met the same. Nothing short was kept as a "
+            "finished file. Fix: rerun later (finished files are kept); behind a proxy, check that it does not "
+            "cut long downloads, and keep HF_HUB_DISABLE_XET=1."
         )
     if has & {"TimeoutException", "ReadTimeout", "ConnectTimeout", "TimeoutError", "ReadError", "RemoteProtocolError"}:
         return HubTimeoutError(
@@ -139,8 +147,16 @@ def _tree(asset: Asset, endpoint: str | None, token: str | None) -> tuple[str, l
     return info.sha, sorted(files, key=lambda f: f["path"])
 
 
+def _free_probe(dest: Path) -> Path:
+    probe = Path(dest)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
 def plan(asset: str | Asset, endpoint: str | None = None, token: str | None = None, dest=None) -> dict:
-    """Files and total bytes the download will fetch (from the repo tree), and the disk it needs."""
+    """Files and total bytes the download will fetch (from the repo tree), and, given ``dest``,
+    the bytes still missing there against the free space (``fits``)."""
     import shutil
 
     a = get_asset(asset)
@@ -157,12 +173,30 @@ def plan(asset: str | Asset, endpoint: str | None = None, token: str | None = No
         "total_bytes": total,
     }
     if dest is not None:
-        probe = Path(dest)
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        free = shutil.disk_usage(probe).free
-        out.update(free_bytes=free, fits=free > total)
+        dest = Path(dest)
+        here = sum(
+            f["size"] for f in files if (dest / f["path"]).is_file() and (dest / f["path"]).stat().st_size == f["size"]
+        )
+        free = shutil.disk_usage(_free_probe(dest)).free
+        out.update(
+            dest=str(dest),
+            present_bytes=here,
+            needed_bytes=total - here,
+            free_bytes=free,
+            fits=free > total - here,
+        )
     return out
+
+
+def disk_plan_text(p: dict) -> str:
+    """One line: what the download needs against what is free at its destination."""
+    text = f"{p['repo_id']}@{p['revision']}: {p['n_files']} files, {human_bytes(p['total_bytes'])} in total"
+    if "free_bytes" in p:
+        text += (
+            f"; {human_bytes(p['needed_bytes'])} still to download"
+            f" ({human_bytes(p['present_bytes'])} already there), {human_bytes(p['free_bytes'])} free at {p['dest']}"
+        )
+    return text
 
 
 # --- download in a child process -----------------------------------------------------------------
@@ -197,7 +231,7 @@ def child_env(endpoint: str | None = None, token: str | None = None, timeout_s: 
     env = dict(os.environ)
     env.setdefault("HF_HUB_DISABLE_XET", "1")
     if timeout_s is not None:
-        env["HF_HUB_DOWNLOAD_TIMEOUT"] = str(timeout_s)
+        env["HF_HUB_DOWNLOAD_TIMEOUT"] = str(max(1, math.ceil(float(timeout_s))))  # 2.x reads it with int()
     if endpoint:
         env["HF_ENDPOINT"] = endpoint
     if token:
@@ -213,15 +247,31 @@ def download(
     timeout_s: float | None = None,
     max_workers: int = 8,
     verify_after: bool = True,
+    check_space: bool = True,
+    progress: bool | None = None,
 ) -> dict:
     """``snapshot_download`` the asset into ``dest`` in a child process, then :func:`verify` it.
 
-    Progress bars go to stderr. Rerunning after an interruption fetches only what is missing.
+    With ``check_space`` the plan runs first and a download that cannot fit is refused before a
+    byte is fetched (:class:`DiskFull`, with the disk plan); a disk that fills up during the
+    download raises the same error. ``progress`` shows huggingface_hub's tqdm bars on stderr
+    (default: when stderr is a terminal). Rerunning after an interruption fetches only what is
+    missing; :func:`verify` then removes the stale ``.incomplete`` files and reports them.
     """
     a = get_asset(asset)
     dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / MANIFEST).unlink(missing_ok=True)  # the success sign is rewritten only by verify
+    p = None
+    if check_space:
+        p = plan(a, endpoint=endpoint, token=token, dest=dest)
+        if not p["fits"]:
+            raise DiskFull(dest, f"the download does not fit, nothing was fetched. Disk plan: {disk_plan_text(p)}")
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / MANIFEST).unlink(missing_ok=True)  # the success sign is rewritten only by verify
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull(dest, "cannot even create the destination") from None
+        raise
     args = {
         "repo_id": a.repo_id,
         "repo_type": a.repo_type,
@@ -231,28 +281,40 @@ def download(
         "endpoint": endpoint,
         "max_workers": max_workers,
     }
+    env = child_env(endpoint, token, timeout_s)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
+        env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(args)],
-        env=child_env(endpoint, token, timeout_s),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], env=env, stdout=subprocess.PIPE, text=True)
     result = None
     for line in proc.stdout.splitlines():
         if line.startswith(_RESULT):
             result = json.loads(line[len(_RESULT) :])
     if result is None or not result.get("ok"):
-        chain = (result or {}).get("chain") or [{"names": [], "status": None, "message": proc.stdout[-500:]}]
+        from tutorial_utils.secrets import redact
+
+        chain = (result or {}).get("chain") or [
+            {"names": [], "status": None, "message": f"the download process exited with {proc.returncode}"}
+        ]
+        if any("No space left" in c["message"] or "Errno 28" in c["message"] for c in chain):
+            try:  # the plan against what is on the disk now
+                now = f" Disk plan: {disk_plan_text(plan(a, endpoint=endpoint, token=token, dest=dest))}"
+            except TutorialError:
+                now = ""
+            raise DiskFull(
+                dest, f"no space left during the download (finished files are kept; rerun after freeing space).{now}"
+            )
         # the most specific link: one with an HTTP status, else a known class, else the first
         known = {"RevisionNotFoundError", "RepositoryNotFoundError", "TimeoutException", "ConnectError"}
         pick = next((c for c in chain if c["status"] is not None), None) or next(
             (c for c in chain if known & set(c["names"])), chain[0]
         )
-        from tutorial_utils.secrets import redact
-
         raise teach(a, pick["names"], pick["status"], redact(pick["message"]))
     out = {"asset": a.name, "dest": str(dest), "seconds": round(time.monotonic() - started, 2)}
+    if p is not None:
+        out["plan"] = {k: v for k, v in p.items() if k != "files"}
     if verify_after:
         out["verify"] = verify(a, dest, endpoint=endpoint, token=token)
     return out
@@ -267,6 +329,36 @@ def stale_incomplete(dest: str | os.PathLike) -> list[str]:
     return sorted(str(p.relative_to(dest)) for p in cache.rglob("*.incomplete")) if cache.is_dir() else []
 
 
+def _checksum_problems(
+    a: Asset, dest: Path, commit: str, wanted: set[str], endpoint, token
+) -> tuple[list[str] | None, int, str]:
+    """(problems, files checked, method): ``HfApi.verify_repo_checksums`` where the installed
+    huggingface_hub has it (>= 1.x: sha256 of LFS files, git blob ids of the others), else the
+    sha256 the tree gives for LFS files."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(endpoint=endpoint)
+    if hasattr(api, "verify_repo_checksums"):
+        try:
+            res = api.verify_repo_checksums(
+                a.repo_id, repo_type=a.repo_type, revision=commit, local_dir=dest, token=token
+            )
+        except Exception as exc:
+            err = _translate(a, exc)
+            if err is None:
+                raise
+            raise err from None
+        what = {"sha256": "sha256", "git-sha1": "git blob id"}
+        problems = [
+            f"{m['path']}: {what.get(m['algorithm'], m['algorithm'])} differs from the Hub's (corrupted file)"
+            for m in res.mismatches
+            if m["path"] in wanted
+        ]
+        checked = len([p for p in wanted if p not in res.missing_paths])
+        return problems, checked, "HfApi.verify_repo_checksums"
+    return None, 0, "sha256 from the repo tree"
+
+
 def verify(
     asset: str | Asset,
     dest: str | os.PathLike,
@@ -274,15 +366,20 @@ def verify(
     token: str | None = None,
     remove_stale: bool = True,
 ) -> dict:
-    """Check ``dest`` against the repo tree: every file present with its size (and sha256 where
-    the tree gives one), the key files present. On success write ``dest/manifest.json``
-    atomically (the success sign) and remove stale ``.incomplete`` files; else raise
+    """Check ``dest`` against the repo tree: every wanted file present with its size, its
+    checksum right (:func:`_checksum_problems`), the key files present. On success write
+    ``dest/manifest.json`` atomically (the success sign) and remove the stale ``.incomplete``
+    files an interrupted download left (reported in the result); else raise
     :class:`HubVerifyError` naming the files."""
     a = get_asset(asset)
     dest = Path(dest)
+    if not dest.is_dir():
+        raise HubVerifyError(
+            f"{dest}: no such folder. Fix: run the download first (hub download {a.name} --dest {dest})"
+        )
     (dest / MANIFEST).unlink(missing_ok=True)
     commit, files = _tree(a, endpoint, token)
-    problems, checked_sha = [], 0
+    problems, sized = [], set()
     for f in files:
         p = dest / f["path"]
         if not p.is_file():
@@ -290,14 +387,22 @@ def verify(
             continue
         size = p.stat().st_size
         if size != f["size"]:
-            problems.append(f"{f['path']}: {size} bytes, the Hub has {f['size']}")
+            problems.append(f"{f['path']}: {size} bytes, the Hub has {f['size']} (cut short or changed)")
             continue
-        if f["sha256"]:
-            checked_sha += 1
-            if sha256_file(p) != f["sha256"]:
-                problems.append(f"{f['path']}: sha256 differs from the Hub's (corrupted file)")
+        sized.add(f["path"])
+    checked, method = 0, "sizes only"
+    if sized:
+        found, checked, method = _checksum_problems(a, dest, commit, sized, endpoint, token)
+        if found is None:  # older huggingface_hub: sha256 of the LFS files from the tree
+            found = []
+            for f in files:
+                if f["path"] in sized and f["sha256"]:
+                    checked += 1
+                    if sha256_file(dest / f["path"]) != f["sha256"]:
+                        found.append(f"{f['path']}: sha256 differs from the Hub's (corrupted file)")
+        problems += found
     for key in a.key_files:
-        if not (dest / key).is_file() and not any(key in pr for pr in problems):
+        if not (dest / key).is_file() and not any(pr.startswith(key + ":") for pr in problems):
             problems.append(f"{key}: key file missing (the repo tree does not list it)")
     stale = stale_incomplete(dest)
     if problems:
@@ -320,7 +425,8 @@ def verify(
         "commit": commit,
         "files": {f["path"]: f["size"] for f in files},
         "total_bytes": sum(f["size"] for f in files),
-        "sha256_checked": checked_sha,
+        "checksums_checked": checked,
+        "checksum_method": method,
         "stale_incomplete_removed": removed,
         "verified_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -330,7 +436,8 @@ def verify(
         "n_files": len(files),
         "total_bytes": manifest["total_bytes"],
         "total": human_bytes(manifest["total_bytes"]),
-        "sha256_checked": checked_sha,
+        "checksums_checked": checked,
+        "checksum_method": method,
         "stale_incomplete": stale,
         "manifest": str(dest / MANIFEST),
     }
