@@ -15,6 +15,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "job": ("tutorial_utils.jobs", "run a job notebook with papermill (`job run NOTEBOOK -p key value`)"),
     "book": ("tutorial_utils.report.book", "notebook twins, book build, page checks"),
     "hub": ("tutorial_utils.hub.cli", "plan, download and verify the official chain's Hub assets"),
+    "bridge": (
+        "tutorial_utils.bridge.cli",
+        "the upstream DiT4DiT checkout: check, contract, commands (commands.sh), prepare, patch-py38",
+    ),
     "dataset": ("tutorial_utils.data.cli", "inspect, validate and generate LeRobot v2.1 datasets"),
     "record": ("tutorial_utils.sim.record", "record LIBERO demonstrations with the scripted expert"),
     "expert": ("tutorial_utils.sim.expert", "the scripted expert's success table over tasks and init states"),

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+from tutorial_utils.errors import ConfigError
 from tutorial_utils.io import read_jsonl
 from tutorial_utils.train.config import DatasetNotReady, TrainConfig
 from tutorial_utils.train.data import _in_data
@@ -58,7 +60,15 @@ def resolve_dataset(dataset: str, run_dir: str | os.PathLike) -> Path:
 def run_job(run_dir: str | os.PathLike, **params: Any) -> TrainResult:
     """What ``notebooks/jobs/train.md`` runs: resolve ``params["dataset"]``, train into
     ``run_dir`` with the other parameters (:class:`TrainConfig` names), record the success signs
-    in ``status.json``."""
+    in ``status.json``. ``backend="dit4dit"`` runs upstream's training through the bridge instead."""
+    from tutorial_utils.bridge.commands import BACKEND_KEYS, BACKENDS
+
+    backend = str(params.pop("backend", "") or "mini")
+    bridge_params = {k: params.pop(k) for k in BACKEND_KEYS if k in params}
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r}: use {' or '.join(BACKENDS)}")
+    if backend == "dit4dit":
+        return _run_dit4dit(run_dir, {**params, **bridge_params})
     dataset = str(params.pop("dataset", "") or "")
     if not dataset:
         raise DatasetNotReady("the train job needs a dataset: pass dataset=<name under data/, a path, or synthetic>.")
@@ -101,6 +111,41 @@ def run_job(run_dir: str | os.PathLike, **params: Any) -> TrainResult:
         dataset=str(root),
     )
     return res
+
+
+def _run_dit4dit(run_dir: str | os.PathLike, params: dict[str, Any]) -> TrainResult:
+    """Upstream's training through the bridge; its loss lines become ``metrics.jsonl`` rows and a
+    :class:`TrainResult`, so the job notebook reads both backends alike."""
+    from tutorial_utils.bridge.job import train_job
+    from tutorial_utils.io import atomic_write_text
+
+    out = train_job(run_dir, **params)
+    rows = []
+    for s in out["steps"]:
+        loss = s["losses"]
+        t = loss.get("data_time", 0.0) + loss.get("model_time", 0.0)
+        lr = next((v for k, v in loss.items() if k.startswith("learning_rate")), None)
+        rows.append({"step": s["step"], "loss": loss.get("total_loss"), "lr": lr,
+                     "samples_per_s": out["batch_size"] / t if t else None, "data_time": loss.get("data_time"),
+                     "model_time": loss.get("model_time")})  # fmt: skip
+    atomic_write_text(Path(run_dir) / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    data = sum(r["data_time"] or 0.0 for r in rows)
+    total = data + sum(r["model_time"] or 0.0 for r in rows)
+    speeds = [r["samples_per_s"] for r in rows if r["samples_per_s"]]
+    summary = {
+        "backend": "dit4dit",
+        "steps_done": rows[-1]["step"] if rows else 0,
+        "first_loss": rows[0]["loss"] if rows else None,
+        "last_loss": rows[-1]["loss"] if rows else None,
+        "samples_per_s": sum(speeds) / len(speeds) if speeds else 0.0,
+        "data_wait_share": data / total if total else 0.0,
+        "time_limited": False,
+        "last_checkpoint": None,
+        "final_model": out.get("final_model"),
+        "wall_s": out.get("wall_s"),
+    }
+    losses = [(r["step"], r["loss"]) for r in rows]
+    return TrainResult(Path(run_dir), summary["steps_done"], losses, None, summary)
 
 
 def metrics_table(run_dir: str | os.PathLike, every: int = 1) -> list[dict]:
