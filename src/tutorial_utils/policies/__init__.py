@@ -1,11 +1,16 @@
 """Policy families and the registry that names them.
 
-A family is one module in this folder and one :func:`register` line below. Two kinds:
+A family is one module in this folder and one :func:`register` line below. Three kinds:
 
 - trainable families (a :class:`~tutorial_utils.policies.trainable.TrainablePolicy`): ``mini`` (the
-  small flow-matching DiT) and ``mlp`` (a two-layer behaviour-cloning baseline, the worked
-  example of the seam). Training, serving, evaluation and checkpoints use them through
+  small flow-matching DiT), ``mlp`` (a two-layer behaviour-cloning baseline, the worked
+  example of the seam), LeRobot's ``act``, ``diffusion``, ``vqbet`` (``policies/lerobot.py``) and
+  ``tdmpc``, ``sac`` (``policies/lerobot_rl.py``: offline, from demonstration windows with a sparse
+  success reward). Training, serving, evaluation and checkpoints use them through
   :func:`make`, :func:`load` and :func:`make_policy` and never name a family;
+- GPU-server families (:func:`gpu_server`): ``smolvla``, ``pi0``, ``pi05``, ``pi0_fast``, ``openvla``
+  have their parameters here, and building or serving one raises :class:`PolicyUnavailable` naming
+  the weights, GPU memory, licence, the GPU-server command and how it reaches our LIBERO client;
 - serving-only policies (a factory ``factory(checkpoint=None, **kw) -> Policy``): ``zero``
   (holds still), ``expert`` (the scripted LIBERO expert, privileged state) and ``dit4dit`` (the
   official checkpoint, served from its own checkout on a GPU server).
@@ -50,8 +55,20 @@ def available() -> list[str]:
 
 
 def trainable() -> list[str]:
-    """The names that :func:`make` can build and training can train."""
-    return [n for n in available() if _is_trainable(_resolve(n))]
+    """The names that :func:`make` can build and train here (not the GPU-server families). ``tdmpc`` and
+    ``sac`` learn from demonstration windows (``policies/lerobot_rl.py``: ``offline_steps``), which the
+    trainer does not feed yet; the others train through ``python -m tutorial_utils train``."""
+    return [n for n in available() if _is_trainable(_resolve(n)) and not _needs_gpu_server(_resolve(n))]
+
+
+def _needs_gpu_server(target: Any) -> bool:
+    return bool(getattr(target, "needs_gpu_server", False))
+
+
+def gpu_server() -> list[str]:
+    """The families with parameters here whose weights and memory need a GPU server (SmolVLA, Pi0,
+    Pi0.5, Pi0-Fast, OpenVLA): building one raises :class:`PolicyUnavailable` with the recipe."""
+    return [n for n in available() if _needs_gpu_server(_resolve(n))]
 
 
 def family(name: str) -> type:
@@ -82,6 +99,8 @@ def make_policy(name: str, checkpoint: str | None = None, **kwargs: Any) -> Poli
     target = _resolve(name)
     if not _is_trainable(target):
         return target(checkpoint=checkpoint, **kwargs)
+    if _needs_gpu_server(target):
+        raise PolicyUnavailable(target.recipe())
     if not checkpoint:
         raise PolicyUnavailable(
             f"policy {name!r} needs a checkpoint: pass checkpoint=<run_dir>/checkpoints/last "
@@ -113,3 +132,11 @@ register("mlp", "tutorial_utils.policies.mlp:MLPPolicy")
 register("act", "tutorial_utils.policies.lerobot:ACTPolicy")
 register("diffusion", "tutorial_utils.policies.lerobot:DiffusionPolicy")
 register("vqbet", "tutorial_utils.policies.lerobot:VQBeTPolicy")
+# GPU-server families: their parameters are listed here, building one explains the GPU-server path
+register("smolvla", "tutorial_utils.policies.lerobot:SmolVLAPolicy")
+register("pi0", "tutorial_utils.policies.lerobot:Pi0Policy")
+register("pi05", "tutorial_utils.policies.lerobot:Pi05Policy")
+register("pi0_fast", "tutorial_utils.policies.lerobot:Pi0FastPolicy")
+register("openvla", "tutorial_utils.policies.lerobot:OpenVLAPolicy")
+register("tdmpc", "tutorial_utils.policies.lerobot_rl:TDMPCPolicy")
+register("sac", "tutorial_utils.policies.lerobot_rl:SACPolicy")

@@ -1,4 +1,6 @@
-"""LeRobot 0.4.4's own ACT, Diffusion Policy and VQ-BeT behind the policy seam.
+"""LeRobot 0.4.4's own ACT, Diffusion Policy and VQ-BeT behind the policy seam (TD-MPC and SAC, on
+the same adapter, are in ``policies/lerobot_rl.py``), and the families that need a GPU server
+(SmolVLA, Pi0, Pi0.5, Pi0-Fast, OpenVLA: :data:`GPU_RECIPES`, at the end of this module).
 
 Each family here is a thin :class:`~tutorial_utils.policies.trainable.TrainablePolicy` around the
 real LeRobot policy (``make_policy_config`` -> ``get_policy_class(name)(cfg)``), so the project's
@@ -459,7 +461,7 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
         self.cfg = cfg or self.config_class()
         self.cfg.check()
         self.statistics: dict = dict(statistics) if statistics is not None else {}
-        check_backbone_weights(self.name, self.cfg.pretrained_backbone_weights)
+        check_backbone_weights(self.name, getattr(self.cfg, "pretrained_backbone_weights", None))
         try:
             from tutorial_utils.policies._torchvision import ensure_importable
 
@@ -477,7 +479,7 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
         }
         # registered before the policy, so a checkpoint of other features names them first
         self.lerobot_features = _feature_record(self.features)
-        inputs = {cam: PolicyFeature(FeatureType.VISUAL, (3, s, s)) for cam in self.cameras}
+        inputs = {self.lerobot_key(cam): PolicyFeature(FeatureType.VISUAL, (3, s, s)) for cam in self.cameras}
         inputs[BATCH_STATE] = PolicyFeature(FeatureType.STATE, (STATE_DIM,))
         outputs = {BATCH_ACTION: PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))}
         self.lerobot_config = make_policy_config(
@@ -496,6 +498,10 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
     @property
     def cameras(self) -> tuple[str, ...]:
         return (BATCH_IMAGE, BATCH_WRIST)
+
+    def lerobot_key(self, camera: str) -> str:
+        """The name LeRobot's policy reads ``camera`` under (the same name, except TD-MPC's one image)."""
+        return camera
 
     @property
     def replan_steps(self) -> int:
@@ -520,7 +526,7 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
 
             modes = {str(k): getattr(v, "name", str(v)) for k, v in self.lerobot_config.normalization_mapping.items()}
             self.lerobot_config.device = device
-            stats = lerobot_stats(self.statistics, modes, self.cameras)
+            stats = lerobot_stats(self.statistics, modes, tuple(self.lerobot_key(c) for c in self.cameras))
             self._processors = make_pre_post_processors(self.lerobot_config, dataset_stats=stats)
             self._processor_device = device
         return self._processors
@@ -544,7 +550,7 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
                     f"feature {cam}: got images of shape {tuple(x.shape[1:])} (channel-first), the {self.name!r} "
                     f"model was built for (3, {s}, {s}) (image_size={s}). Resize the cameras to {s}x{s}."
                 )
-            out[cam] = x.float()
+            out[self.lerobot_key(cam)] = x.float()
         state = torch.as_tensor(np.asarray(batch[BATCH_STATE], dtype=np.float32))
         if state.ndim != 2 or state.shape[1] != STATE_DIM:
             raise ObservationError(f"feature {BATCH_STATE}: expected (B, {STATE_DIM}), got {tuple(state.shape)}")
@@ -766,3 +772,251 @@ def _queued_chunk(policy, lb: dict, cameras: tuple[str, ...], config_overrides: 
         for k, v in saved.items():
             setattr(policy.config, k, v)
         policy.reset()
+
+
+# --- the families that need a GPU server and Hub weights ---------------------------------------------
+# SmolVLA, Pi0, Pi0.5, Pi0-Fast and OpenVLA are fine-tuned from released weights (0.45B to 7.5B
+# parameters) that this project cannot download or fit on its CPU machine. Each is a registry family
+# with the guide's parameters (so `python -m tutorial_utils train --list-params policy=pi0` and the
+# parameter tables work), and building one raises PolicyUnavailable with the weights, the GPU
+# memory, the licence, the GPU-server command and how its server reaches our LIBERO client.
+
+#: our LIBERO client against a policy server running elsewhere (openpi's websocket framing)
+CLIENT_COMMAND = (
+    "python -m tutorial_utils eval --host <gpu-server> --port <port> --protocol openpi --suite libero_spatial"
+)
+
+
+@dataclass(frozen=True)
+class GPURecipe:
+    """What a GPU-server family needs, in the words of its error message."""
+
+    title: str
+    weights: str
+    vram: str
+    licence: str
+    train: str
+    serve: str
+    why_not_here: str
+
+    def message(self, family: str) -> str:
+        return (
+            f"policy {family!r} ({self.title}) cannot be built on this machine: {self.why_not_here} "
+            f"Weights: {self.weights}. GPU memory: {self.vram}. Licence: {self.licence}. "
+            f"On a GPU server with Hub access: {self.train} "
+            f"Serving to our LIBERO client: {self.serve}"
+        )
+
+
+_OPENPI_SERVE = (
+    "openpi's own policy server speaks the websocket protocol our client uses (msgpack-numpy, openpi "
+    "LIBERO keys observation/image, observation/wrist_image, observation/state, prompt; reply "
+    "{{'actions': (H, 7)}}): on the GPU server `uv run scripts/serve_policy.py policy:checkpoint "
+    "--policy.config={config} --policy.dir={ckpt}` (port 8000), then "
+    f"here `{CLIENT_COMMAND.replace('<port>', '8000')}`."
+)
+_OPENPI_NOTE = (
+    "LeRobot 0.4.4's port fails with stock transformers (it needs a patched fork; transformers is not even "
+    "installed here), its weights come from the Hub, and 3.5B parameters do not train on this CPU."
+)
+_OPENPI_LICENCE = (
+    "openpi's code is Apache-2.0; read the terms of the checkpoints you download and the Gemma Terms of Use "
+    "of the PaliGemma base they are built on"
+)
+
+GPU_RECIPES: dict[str, GPURecipe] = {
+    "smolvla": GPURecipe(
+        title="SmolVLA, 450M parameters, LeRobot 0.4.4's `smolvla`",
+        weights="the policy lerobot/smolvla_base and the VLM HuggingFaceTB/SmolVLM2-500M-Video-Instruct (its "
+        "config.json and processor/tokenizer are read from the Hub even when no weights are loaded)",
+        vram="not measured here; by arithmetic ~1.8 GB of float32 weights (450M) plus ~1.2 GB of gradients and Adam state for "
+        "the 99.9M trainable parameters (train_expert_only), plus activations that grow with batch_size (LeRobot's "
+        "recipe: 64; lower it on a smaller card)",
+        licence="Apache-2.0 (lerobot/smolvla_base and SmolVLM2)",
+        train="`pip install 'lerobot[smolvla]==0.4.4'` (brings transformers>=4.57.1,<5, which needs "
+        "huggingface_hub<1.0: use a separate environment from this project's huggingface_hub 2.x), then "
+        "`lerobot-train --policy.path=lerobot/smolvla_base --dataset.repo_id=<you>/<libero dataset, v3.0> "
+        "--batch_size=64 --steps=20000 --policy.device=cuda --output_dir=outputs/train/smolvla_libero`.",
+        serve="LeRobot 0.4.4 has no websocket policy server: on the GPU machine load the trained policy "
+        "(SmolVLAPolicy.from_pretrained(<output_dir>/checkpoints/last/pretrained_model)) behind a "
+        "tutorial_utils.policies.base.Policy whose infer() returns {'actions': (H, 7)} and serve it with this "
+        f"project's websocket server (tutorial_utils.serve.server.PolicyServer), then here `{CLIENT_COMMAND}`.",
+        why_not_here="LeRobot 0.4.4's SmolVLA needs transformers, which no version can provide beside this "
+        "project's huggingface_hub 2.4 (measured: transformers 4.57, LeRobot's pin <5, refuses to import with "
+        "hub 2.4; transformers 5.25 imports, but then `import lerobot.policies` fails in its GR00T module), "
+        "and the VLM's config and tokenizer come from the Hub (a local stand-in config and tokenizer build "
+        "fine; the model does not).",
+    ),
+    "pi0": GPURecipe(
+        title="Pi0 (openpi), PaliGemma + a flow-matching action expert, ~3.5B parameters",
+        weights="openpi's gs://openpi-assets/checkpoints/pi0_base (no LIBERO-tuned Pi0 is published: fine-tune "
+        "it with openpi's pi0_libero config)",
+        vram="inference > 8 GB, LoRA fine-tuning > 22.5 GB, full fine-tuning > 70 GB (openpi's README)",
+        licence=_OPENPI_LICENCE,
+        train="clone Physical-Intelligence/openpi, `GIT_LFS_SKIP_SMUDGE=1 uv sync`, then "
+        "`uv run scripts/compute_norm_stats.py --config-name pi0_libero` and "
+        "`XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 uv run scripts/train.py pi0_libero --exp-name=<name>`.",
+        serve=_OPENPI_SERVE.format(config="pi0_libero", ckpt="checkpoints/pi0_libero/<name>/<step>"),
+        why_not_here=_OPENPI_NOTE,
+    ),
+    "pi05": GPURecipe(
+        title="Pi0.5 (openpi), Pi0 trained with knowledge insulation, ~3.5B parameters",
+        weights="openpi's gs://openpi-assets/checkpoints/pi05_base (to fine-tune) or pi05_libero (already "
+        "fine-tuned on LIBERO, ready to serve)",
+        vram="inference > 8 GB, LoRA fine-tuning > 22.5 GB, full fine-tuning > 70 GB (openpi's README)",
+        licence=_OPENPI_LICENCE,
+        train="in an openpi checkout: `uv run scripts/compute_norm_stats.py --config-name pi05_libero`, then "
+        "`XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 uv run scripts/train.py pi05_libero --exp-name=<name>`.",
+        serve=_OPENPI_SERVE.format(config="pi05_libero", ckpt="gs://openpi-assets/checkpoints/pi05_libero"),
+        why_not_here=_OPENPI_NOTE,
+    ),
+    "pi0_fast": GPURecipe(
+        title="Pi0-FAST (openpi), PaliGemma 3B decoding FAST action tokens autoregressively",
+        weights="openpi's gs://openpi-assets/checkpoints/pi0_fast_base (fine-tune it with openpi's "
+        "pi0_fast_libero config), plus the FAST tokenizer physical-intelligence/fast (Hub)",
+        vram="inference > 8 GB, LoRA fine-tuning > 22.5 GB, full fine-tuning > 70 GB (openpi's README)",
+        licence=_OPENPI_LICENCE,
+        train="in an openpi checkout: `uv run scripts/compute_norm_stats.py --config-name pi0_fast_libero`, "
+        "then `XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 uv run scripts/train.py pi0_fast_libero --exp-name=<name>`.",
+        serve=_OPENPI_SERVE.format(config="pi0_fast_libero", ckpt="checkpoints/pi0_fast_libero/<name>/<step>"),
+        why_not_here="its tokenizers come from the Hub, LeRobot 0.4.4's port needs transformers (not installed "
+        "here), and 3B parameters do not train on this CPU.",
+    ),
+    "openvla": GPURecipe(
+        title="OpenVLA 7B (Prismatic: SigLIP + DINOv2 + Llama 2 7B), not part of LeRobot",
+        weights="openvla/openvla-7b (fine-tune) or openvla/openvla-7b-finetuned-libero-spatial (LIBERO-tuned, LoRA r=32)",
+        vram="inference ~11 GB in bfloat16 (~6 GB 4-bit); LoRA fine-tuning fits a 40 GB A100 at a small batch; "
+        "full fine-tuning needs 2+ 80 GB GPUs (the OpenVLA maintainers)",
+        licence="MIT (OpenVLA code and weights); the Llama 2 base is under the Llama 2 Community License",
+        train="clone openvla/openvla, `pip install -e .`, then `torchrun --standalone --nnodes 1 "
+        "--nproc-per-node 1 vla-scripts/finetune.py --vla_path openvla/openvla-7b --data_root_dir <rlds dir> "
+        "--dataset_name libero_spatial_no_noops --lora_rank 32 --batch_size 8`.",
+        serve="OpenVLA's vla-scripts/deploy.py is a REST server (POST /act, json-numpy), not our protocol: wrap "
+        "the model (or that endpoint) in a tutorial_utils.policies.base.Policy whose infer() returns "
+        "{'actions': (1, 7)} (unnorm_key libero_spatial_no_noops) and serve it with tutorial_utils.serve.server.PolicyServer on "
+        f"the GPU machine, then here `{CLIENT_COMMAND}` (replan_steps 1).",
+        why_not_here="7.5B parameters are more than this machine's memory, and the weights come from the Hub.",
+    ),
+}
+
+
+@dataclass
+class SmolVLAConfig:
+    """SmolVLA: SmolVLM2 (its first layers) + a flow-matching action expert (LeRobot 0.4.4 names)."""
+
+    image_size: int = param(512, "images are resized with padding to this square size (LeRobot: 512)", "model")
+    chunk_size: int = param(50, "actions predicted per chunk (LeRobot: 50)", "model")
+    n_action_steps: int = param(50, "actions executed per chunk (LeRobot: 50)", "model")
+    tokenizer_max_length: int = param(
+        48, "longest tokenized instruction (the guide's max_input_seq_len; LeRobot: 48)", "model"
+    )
+    num_steps: int = param(10, "flow-matching denoising steps at inference (LeRobot: 10)", "model")
+    freeze_vision_encoder: bool = param(
+        True, "keep the VLM's vision encoder frozen (guide: freeze_vision_encoder; LeRobot: True)", "model"
+    )
+    train_expert_only: bool = param(
+        True, "train only the action expert and projections, the VLM frozen (LeRobot: True)", "model"
+    )
+    pretrained_path: str = param("lerobot/smolvla_base", "the Hub weights fine-tuning starts from", "model")
+
+    @property
+    def action_horizon(self) -> int:
+        return self.chunk_size
+
+
+@dataclass
+class Pi0Config:
+    """Pi0 / Pi0.5: PaliGemma + a flow-matching action expert (openpi; LeRobot's port names)."""
+
+    image_size: int = param(224, "image resolution (openpi: 224)", "model")
+    chunk_size: int = param(50, "actions predicted per chunk, openpi's action_horizon (LIBERO configs: 10)", "model")
+    n_action_steps: int = param(50, "actions executed per chunk (openpi's LIBERO client: replan_steps 5)", "model")
+    num_inference_steps: int = param(10, "flow-matching denoising steps (openpi: 10)", "model")
+    tokenizer_max_length: int = param(
+        48, "longest tokenized prompt (the guide's max_input_seq_len; openpi: 48 for Pi0, 200 for Pi0.5)", "model"
+    )
+    freeze_vision_encoder: bool = param(
+        False, "keep the SigLIP vision encoder frozen (guide: freeze_vision_encoder)", "model"
+    )
+    train_expert_only: bool = param(False, "freeze the whole VLM and train the action expert only", "model")
+
+    @property
+    def action_horizon(self) -> int:
+        return self.chunk_size
+
+
+@dataclass
+class Pi0FastConfig:
+    """Pi0-FAST: PaliGemma decoding FAST (DCT) action tokens (openpi; LeRobot's port names)."""
+
+    image_size: int = param(224, "image resolution (openpi: 224)", "model")
+    chunk_size: int = param(10, "actions per chunk, openpi's action_horizon (LIBERO config: 10)", "model")
+    n_action_steps: int = param(5, "actions executed per chunk (openpi's LIBERO client: replan_steps 5)", "model")
+    tokenizer_max_length: int = param(
+        200, "longest prompt + state tokens (the guide's max_input_seq_len; openpi: 180-250)", "model"
+    )
+    max_decoding_steps: int = param(
+        256, "most action tokens decoded per chunk (guide: max_decoding_steps; LeRobot: 256)", "model"
+    )
+    temperature: float = param(0.0, "sampling temperature of the action tokens (0: greedy)", "model")
+    freeze_vision_encoder: bool = param(
+        False, "keep the SigLIP vision encoder frozen (guide: freeze_vision_encoder)", "model"
+    )
+
+    @property
+    def action_horizon(self) -> int:
+        return self.chunk_size
+
+
+@dataclass
+class OpenVLAConfig:
+    """OpenVLA: 7 discretised action tokens per step from a Llama 2 VLM (OpenVLA's own scripts)."""
+
+    image_size: int = param(224, "image resolution (OpenVLA: 224, the LIBERO client centre-crops)", "model")
+    lora_rank: int = param(32, "LoRA rank of the fine-tuning (OpenVLA's LIBERO runs: 32)", "model")
+    unnorm_key: str = param(
+        "libero_spatial_no_noops", "the dataset statistics predict_action un-normalises with", "model"
+    )
+    load_in_4bit: bool = param(False, "4-bit quantised inference (~6 GB instead of ~11 GB)", "model")
+
+    @property
+    def action_horizon(self) -> int:
+        return 1
+
+
+class GPUServerPolicy(nn.Module, TrainablePolicy):
+    """A family whose weights and memory need a GPU server: building it explains where and how."""
+
+    needs_gpu_server: ClassVar[bool] = True
+
+    @classmethod
+    def recipe(cls) -> str:
+        return GPU_RECIPES[cls.name].message(cls.name)
+
+    def __init__(self, cfg: Any = None, statistics: Mapping[str, Any] | None = None):
+        raise PolicyUnavailable(self.recipe())
+
+
+class SmolVLAPolicy(GPUServerPolicy):
+    name = "smolvla"
+    config_class = SmolVLAConfig
+
+
+class Pi0Policy(GPUServerPolicy):
+    name = "pi0"
+    config_class = Pi0Config
+
+
+class Pi05Policy(GPUServerPolicy):
+    name = "pi05"
+    config_class = Pi0Config
+
+
+class Pi0FastPolicy(GPUServerPolicy):
+    name = "pi0_fast"
+    config_class = Pi0FastConfig
+
+
+class OpenVLAPolicy(GPUServerPolicy):
+    name = "openvla"
+    config_class = OpenVLAConfig

@@ -253,8 +253,9 @@ def collate(items: list[dict]) -> dict:
     import torch
 
     out: dict[str, Any] = {BATCH_TASK: [it[BATCH_TASK] for it in items]}
-    for k in (*BATCH_CAMERAS, BATCH_STATE, BATCH_ACTION, BATCH_ACTION_IS_PAD):
-        out[k] = torch.from_numpy(np.stack([it[k] for it in items]))
+    for k in items[0]:  # the standard keys, and any a family's training_source adds
+        if k != BATCH_TASK:
+            out[k] = torch.from_numpy(np.stack([np.asarray(it[k]) for it in items]))
     return out
 
 
