@@ -131,6 +131,9 @@ class TrainConfig:
     device: str = _p("auto", "auto, cpu or cuda (under accelerate launch: what accelerate picks)", "machine")
     num_threads: int = _p(0, "torch CPU threads per process (0: torch's default)", "machine")
     progress: bool = _p(True, "show a tqdm progress bar with ETA (on stderr)", "machine")
+    system_metrics: bool = _p(
+        True, "sample CPU, RAM, disk and GPU use into each metrics.jsonl row (for the live monitor)", "machine"
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy_config, (type(None), Mapping)) and not dataclasses.is_dataclass(

@@ -66,7 +66,7 @@ import numpy as np
 from tutorial_utils import logs as L
 from tutorial_utils.errors import ConfigError, TutorialError
 from tutorial_utils.io import atomic_dir, atomic_write_json, atomic_write_text, dir_size, human_bytes, read_jsonl
-from tutorial_utils.policies.base import BATCH_ACTION, BATCH_ACTION_IS_PAD
+from tutorial_utils.policies.base import BATCH_ACTION, BATCH_ACTION_IS_PAD, BATCH_TASK
 from tutorial_utils.policies.normalize import STATS_FILE
 from tutorial_utils.train.checkpoints import (
     LOCK_FILE,
@@ -99,6 +99,8 @@ LOG_FILE = "train.log"
 CONFIG_FILE = "train_config.json"
 SUMMARY_FILE = "summary.json"
 CONTROL_FILE = "control.json"
+#: the sample predictions of each validation: ``samples/step_000100.json`` (predicted vs true chunk)
+SAMPLES_DIR = "samples"
 #: What ``control.json`` may ask of a running loop.
 CONTROL_COMMANDS = ("stop", "pause")
 #: ``stopped_by`` of a run stopped through ``control.json``.
@@ -112,6 +114,7 @@ RESUME_FREE = (
     "output_dir",
     "run_id",
     "progress",
+    "system_metrics",
     "num_workers",
     "num_threads",
     "device",
@@ -345,6 +348,11 @@ class RunLog:
         self.cfg, self.run_id, self.main, self.world, self.n_train = cfg, run_id, main, world, n_train
         self.fh = open(out / LOG_FILE, "a", encoding="utf-8") if main else None
         self.metrics_fh = open(out / METRICS_FILE, "a", encoding="utf-8") if main else None
+        self.sampler = None
+        if main and cfg.system_metrics:
+            from tutorial_utils.train.sysmetrics import SystemSampler
+
+            self.sampler = SystemSampler(out)
         self.bar = None
         if main and cfg.progress:
             from tqdm import tqdm
@@ -420,6 +428,7 @@ class RunLog:
                     "data_wait_share": w["wait"] / max(w["total"], 1e-9),
                     "epoch": step * cfg.batch_size * self.world / self.n_train,
                     "time": time.time(),
+                    **(self.sampler.sample() if self.sampler else {}),
                 }
             )
             self.window = {"wait": 0.0, "total": 0.0, "samples": 0, "loss": []}
@@ -540,13 +549,17 @@ class Checkpointer:
 
 
 class Validator:
-    """The validation action error on fixed, evenly spaced frames of the held-out episodes."""
+    """The validation action error on fixed, evenly spaced frames of the held-out episodes. Each
+    call also keeps :attr:`sample`: the predicted and the true action chunk of one fixed frame
+    (the middle one of the picks), which :func:`write_sample` stores for the live monitor."""
 
     def __init__(self, source, val_idx: np.ndarray, cfg: TrainConfig, horizon: int, image_size: int):
         n = min(cfg.val_samples, len(val_idx))
         self.pick = val_idx[np.linspace(0, len(val_idx) - 1, n).round().astype(int)] if len(val_idx) else val_idx
         self.ds = WindowDataset(source, self.pick, horizon, image_size)
         self.seed = cfg.seed + 7
+        self.frame_episode = getattr(source, "frame_episode", None)
+        self.sample: dict | None = None
 
     def __len__(self) -> int:
         return len(self.pick)
@@ -556,9 +569,12 @@ class Validator:
 
         gen = torch.Generator().manual_seed(self.seed)
         errs, masks = [], []
+        j = len(self.pick) // 2  # the fixed frame whose chunk the monitor draws
         for i in range(0, len(self.pick), 32):
             b = collate([self.ds[int(k)] for k in self.pick[i : i + 32]])
             pred = model.predict(b, generator=gen)
+            if i <= j < i + 32:
+                self.sample = self._sample(b, pred, j - i, int(self.pick[j]))
             mask = (~b[BATCH_ACTION_IS_PAD]).numpy()[..., None].astype(np.float32)
             errs.append(np.abs(pred - b[BATCH_ACTION].numpy()) * mask)
             masks.append(np.broadcast_to(mask, pred.shape))
@@ -570,6 +586,31 @@ class Validator:
             "val_gripper_mae": float(per_dim[-1]),
             "val_frames": int(len(self.pick)),
         }
+
+    def _sample(self, b: dict, pred: np.ndarray, k: int, frame: int) -> dict:
+        """Row ``k`` of a validation batch as plain JSON: predicted vs true chunk (robot units)."""
+        fe = self.frame_episode
+        task = b.get(BATCH_TASK)
+        return {
+            "frame": frame,
+            "episode": int(fe[frame]) if fe is not None and frame < len(fe) else None,
+            "task": task[k] if isinstance(task, (list, tuple)) else None,
+            "pred": np.asarray(pred[k], np.float64).round(6).tolist(),
+            "true": b[BATCH_ACTION][k].double().numpy().round(6).tolist(),
+            "is_pad": b[BATCH_ACTION_IS_PAD][k].numpy().astype(bool).tolist(),
+        }
+
+
+def write_sample(out: Path, step: int, sample: dict) -> Path | None:
+    """``<out>/samples/step_<step>.json``: one validation sample's predicted and true chunk.
+    Written atomically; a failed write (full disk) is skipped, never stops training."""
+    path = Path(out) / SAMPLES_DIR / f"{step_dir_name(step)}.json"
+    try:
+        path.parent.mkdir(exist_ok=True)
+        atomic_write_json(path, {"step": step, **sample}, indent=None)
+    except OSError:
+        return None
+    return path
 
 
 @dataclass
@@ -616,7 +657,9 @@ def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack, starte
         last_val = {**s.validator(m), "step": step}
         s.model.train()
         improved = s.ckpt.offer_best(m, step, last_val)
-        s.run_log.metrics({**last_val, "best": improved, "time": time.time()})
+        sample = write_sample(out, step, s.validator.sample) if s.validator.sample else None
+        extra = {"sample": f"{SAMPLES_DIR}/{sample.name}"} if sample else {}
+        s.run_log.metrics({**last_val, "best": improved, "time": time.time(), **extra})
         s.run_log(
             L.TRAIN_VALIDATION.format(
                 run_id=s.run_id,
@@ -975,6 +1018,8 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     # model
     torch.manual_seed(cfg.seed)
     policy = policies.make(cfg.policy, cfg.policy_config, source.statistics)
+    if hasattr(policy, "training_source"):  # families that learn from longer windows (TD-MPC)
+        source = policy.training_source(source)
     if cfg.pretrained_checkpoint and resume_from is None:
         load_weights_into(policy, cfg.pretrained_checkpoint)
     frozen = apply_freeze(policy, cfg.freeze_list)
@@ -1022,6 +1067,10 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
         if start_step and (out / METRICS_FILE).is_file():  # drop rows past the checkpoint we resume from
             rows = [r for r in read_jsonl(out / METRICS_FILE) if int(r.get("step", 0)) <= start_step]
             atomic_write_text(out / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+        for f in (out / SAMPLES_DIR).glob("step_*.json") if start_step else ():  # and their samples
+            with contextlib.suppress(ValueError, OSError):
+                if int(f.stem.split("_")[1]) > start_step:
+                    f.unlink()
 
     h, size = policy.action_horizon, policy.image_size
     sampler = StepBatchSampler(train_idx, cfg.batch_size, cfg.steps, cfg.seed, start_step, rank, world)
