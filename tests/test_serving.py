@@ -229,7 +229,8 @@ def test_openpi_request_resized_and_answered_in_env_convention():
     np.testing.assert_array_equal(actions[:, 6], [-1.0, 1.0, -1.0, 1.0])  # robosuite: -1 open, +1 close
     np.testing.assert_allclose(actions[:, :6], np.tile(np.arange(6) / 10, (4, 1)), rtol=1e-6)
     np.testing.assert_array_equal(actions, dataset_action_to_env(pol.infer(obs)["actions"]))
-    np.testing.assert_array_equal(dit[:, 6], DatasetGripperPolicy.GRIPPER)  # DiT4DiT: the policy's own convention
+    # DiT4DiT: upstream's normalised gripper, +1 open (the dataset's > 0) / -1 close
+    np.testing.assert_array_equal(dit[:, 6], np.where(DatasetGripperPolicy.GRIPPER > 0, 1.0, -1.0))
 
 
 def test_server_refuses_unknown_gripper_convention():

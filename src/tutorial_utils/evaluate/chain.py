@@ -148,10 +148,30 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
 
 
 def run_job(run_dir: str | os.PathLike = "", **overrides: Any) -> ChainResult:
-    """What ``notebooks/jobs/evaluate.md`` runs: the chain with :class:`EvalConfig` parameters."""
+    """What ``notebooks/jobs/evaluate.md`` runs: the chain with :class:`EvalConfig` parameters
+    (``backend="dit4dit"``: upstream's server and a LIBERO client through the bridge)."""
     from tutorial_utils import params
+    from tutorial_utils.bridge.commands import BACKEND_KEYS, BACKENDS
+    from tutorial_utils.errors import ConfigError
 
+    backend = str(overrides.pop("backend", "") or "mini")
+    bridge_params = {k: overrides.pop(k) for k in BACKEND_KEYS if k in overrides}
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r}: use {' or '.join(BACKENDS)}")
+    if backend == "dit4dit":
+        return _run_dit4dit(run_dir, {**overrides, **bridge_params})
     return run_chain(params.from_mapping(EvalConfig, overrides, "`python -m tutorial_utils eval --help`"), run_dir)
+
+
+def _run_dit4dit(run_dir: str | os.PathLike, params: dict[str, Any]) -> ChainResult:
+    from tutorial_utils import jobs
+    from tutorial_utils.bridge.job import eval_job
+
+    rd = jobs.ensure_run_dir(run_dir or None, "evaluate")
+    out = eval_job(rd, **params)
+    eval_log = next(iter(sorted(rd.glob("eval_*.log"))), rd / "eval.log")
+    stages = {"server_up_s": out.get("server_up_s"), "client_s": out.get("wall_s")}
+    return ChainResult(rd, out["results"], L.diagnose(rd), rd / SERVER_LOG, eval_log, out.get("wall_s") or 0.0, stages)
 
 
 def _absolute(path: str | os.PathLike) -> Path:

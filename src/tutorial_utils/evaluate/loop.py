@@ -65,12 +65,21 @@ class EvalConfig:
         None, "actions of each chunk executed before asking again (None: the server's metadata)"
     )
     protocol: str = param("openpi", "request shape: openpi | dit4dit")
+    statistics: str = param(
+        "",
+        "dataset_statistics.json that un-normalises dit4dit replies (empty: the checkpoint's, else the server's)",
+    )
     output_dir: str = param("", "results.json and videos/ (empty: the run directory)")
     videos: bool = param(True, "write one mp4 per episode")
     connect_timeout: float = param(120.0, "seconds the client waits for the server")
     recv_timeout: float = param(120.0, "seconds the client waits for one reply")
     server_timeout: float = param(300.0, "seconds the chain waits for the server's /healthz", "server")
     client_timeout: float | None = param(None, "seconds the chain lets the client run (None: no limit)", "server")
+    workers: int = param(1, "LIBERO client processes against the one policy server (each renders its own env)")
+    shard: int = param(0, "which part of the (task, trial) episodes this run evaluates: 0..num_shards-1")
+    num_shards: int = param(
+        1, "parts the episodes are split into, one run each (a SLURM array); join them with `eval merge`"
+    )
 
     def check(self) -> None:
         from tutorial_utils.params import parse_task_ids
@@ -83,6 +92,9 @@ class EvalConfig:
         for name in ("trials_per_task", "env_image_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+        from tutorial_utils.evaluate.shards import check_split
+
+        check_split(self.shard, self.num_shards, self.workers, "EvalConfig (`-p shard`, `-p num_shards`, `-p workers`)")
 
     @property
     def task_list(self) -> list[int] | None:
@@ -156,7 +168,13 @@ class _Printer:
 
 
 def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_steps: int, task_info: dict) -> dict:
-    """One episode; returns ``{success, steps, wall_s, frames}`` (steps after the settle steps)."""
+    """One episode; returns ``{success, steps, wall_s, frames}`` (steps after the settle steps).
+
+    ``cfg.protocol == "dit4dit"`` is upstream's LIBERO client (:mod:`tutorial_utils.serve.dit4dit_profile`):
+    the env's rotated cameras area-resized to 224 side by side, the state as interleaved sin/cos,
+    each reply un-normalised with ``cfg.statistics`` (else the checkpoint's, else the server's
+    announced statistics) and its WHOLE chunk executed before the next request (``replan_steps``
+    applies to openpi only)."""
     import numpy as np
 
     from tutorial_utils.data.images import resize
@@ -170,8 +188,11 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
     # the convention of the actions in the replies: our server answers openpi requests in robosuite's
     # (metadata "gripper") and DiT4DiT requests in the policy's own ("policy_gripper")
     gripper = meta.get("gripper", "robosuite")
-    if cfg.protocol == "dit4dit":
-        gripper = meta.get("policy_gripper", gripper)
+    dit4dit = None
+    if cfg.protocol == "dit4dit":  # the client un-normalises into robosuite actions itself
+        from tutorial_utils.serve.dit4dit_profile import client_statistics
+
+        dit4dit, gripper = client_statistics(cfg.statistics, cfg.checkpoint, meta), "robosuite"
     needs_priv = bool(meta.get("needs_privileged"))
     episode_id = uuid.uuid4().hex
     obs = env.reset(init_state)
@@ -186,8 +207,8 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
             frames.append(primary)
         if not plan:
             request = {
-                P.IMAGE_KEY: resize(primary, image_size),
-                P.WRIST_KEY: resize(wrist, image_size),
+                P.IMAGE_KEY: primary if dit4dit else resize(primary, image_size),
+                P.WRIST_KEY: wrist if dit4dit else resize(wrist, image_size),
                 P.STATE_KEY: np.asarray(env.state_vector(obs), dtype=np.float32),
                 P.PROMPT_KEY: env.task_language,
             }
@@ -197,10 +218,16 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
                     "task_info": task_info,
                     "obs": env.privileged_observation(),
                 }
-            chunk = reply_actions(client.infer(request))
+            reply = client.infer(request)
+            if dit4dit is not None:
+                from tutorial_utils.serve.dit4dit_profile import reply_chunk
+
+                chunk = dit4dit.to_env(reply_chunk(reply))
+            else:
+                chunk = reply_actions(reply)
             if len(chunk) == 0:
                 raise ServingError("the policy server replied with an empty action chunk")
-            plan.extend(chunk[:replan])
+            plan.extend(chunk if dit4dit is not None else chunk[:replan])
         obs, _r, done, _info = env.step(to_env_action(plan.popleft(), gripper))
         steps += 1
         if done or env.check_success():
@@ -225,13 +252,25 @@ def _results_skeleton(cfg: EvalConfig, meta: dict) -> dict:
     }
 
 
-def run_evaluation(cfg: EvalConfig, out=None) -> dict:
-    """Evaluate the served policy on ``cfg.suite``; returns the results written to results.json."""
+def run_evaluation(cfg: EvalConfig, out=None, pairs: list | None = None) -> dict:
+    """Evaluate the served policy on ``cfg.suite`` in this process; returns the results written to
+    results.json.
+
+    It runs the ``(task, trial)`` pairs of shard ``cfg.shard`` of ``cfg.num_shards``
+    (:mod:`tutorial_utils.evaluate.shards`), or ``pairs`` when given (one worker's part: what
+    :func:`tutorial_utils.evaluate.parallel.evaluate` hands each of ``cfg.workers`` processes).
+    """
     import numpy as np
 
+    from tutorial_utils.evaluate import shards
     from tutorial_utils.serve.client import PolicyClient
     from tutorial_utils.sim import libero_env
 
+    if pairs is None and cfg.workers > 1:
+        raise ConfigError(
+            f"workers={cfg.workers}: run_evaluation is one client process; N workers are started by "
+            "tutorial_utils.evaluate.parallel.evaluate(cfg) (what `python -m tutorial_utils eval` and the job call)"
+        )
     say = _Printer(out)
     t_start = time.monotonic()
     np.random.seed(cfg.seed)
@@ -244,9 +283,19 @@ def run_evaluation(cfg: EvalConfig, out=None) -> dict:
     meta = dict(client.metadata)
     results = _results_skeleton(cfg, meta)
     task_ids = cfg.task_list or list(range(libero_env.num_tasks(cfg.suite)))
+    plan = shards.episode_plan(task_ids, cfg.trials_per_task)
+    numbers = shards.episode_numbers(task_ids, cfg.trials_per_task)
+    if pairs is None:
+        pairs = shards.split(plan, cfg.shard, cfg.num_shards)
+    pairs = [(int(t), int(k)) for t, k in pairs]
+    if outside := [p for p in pairs if p not in numbers]:
+        raise ConfigError(
+            f"pairs {outside[:3]} are not (task, trial) pairs of tasks {task_ids} x {cfg.trials_per_task}"
+        )
+    results.update(task_ids=[int(t) for t in task_ids], pairs=[list(p) for p in pairs])
     total_eps = total_ok = 0
     try:
-        for task_id in task_ids:
+        for task_id, trials in shards.group_by_task(pairs).items():
             env = libero_env.make_env(
                 cfg.suite,
                 int(task_id),
@@ -267,9 +316,9 @@ def run_evaluation(cfg: EvalConfig, out=None) -> dict:
                 results["tasks"].append(task)
                 say(L.EVAL_TASK, task=env.task_language)
                 task_eps = task_ok = 0
-                for trial in range(cfg.trials_per_task):
+                for trial in trials:
                     init_state = trial % env.num_init_states
-                    say(L.EVAL_STARTING_EPISODE, n=total_eps + 1)
+                    say(L.EVAL_STARTING_EPISODE, n=numbers[(int(task_id), trial)])
                     ep = run_episode(env, client, meta, cfg, init_state, max_steps, info)
                     task_eps += 1
                     total_eps += 1

@@ -71,6 +71,11 @@ class PolicyClient:
     :func:`tutorial_utils.serve.wire.unpackb`, so a crafted reply raises
     :class:`~tutorial_utils.serve.wire.WireError` instead of building an unsafe array. Replies of
     any size are read (``max_size=None``, as openpi's client).
+
+    ``protocol="dit4dit"`` sends each openpi-keyed observation in upstream DiT4DiT's request shape
+    (:func:`tutorial_utils.serve.protocol.build_dit4dit_request`: cameras area-resized to 224 side by
+    side, interleaved sin/cos state) and returns the reply as sent (``data.normalized_actions``);
+    :meth:`tutorial_utils.serve.dit4dit_profile.ActionStatistics.to_env` turns it into env actions.
     """
 
     def __init__(

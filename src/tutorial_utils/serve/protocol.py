@@ -12,8 +12,8 @@ The wire protocol, which openpi's ``openpi-client`` and DiT4DiT's ``server_polic
   ``{"__ndarray__": True, "data": <raw bytes>, "dtype": "<f4", "shape": [..]}`` and numpy
   scalars as ``{"__npgeneric__": True, "data": <item>, "dtype": ".."}`` (the map keys are
   msgpack *bin* strings, as openpi writes them; we read str keys too);
-- a reply carries ``server_timing`` (``infer_ms``, and ``prev_total_ms`` from the second
-  request on);
+- an openpi reply carries ``server_timing`` (``infer_ms``, and ``prev_total_ms`` from the second
+  request on); a DiT4DiT reply keeps upstream's keys only;
 - a *text* frame from the server is an error, and the client raises it. Ours carries only
   ``ErrorType: message`` (no traceback, file paths shortened to their last part); a server
   started with ``debug=True`` (``serve --debug``) sends the full traceback, as openpi's does. The
@@ -27,9 +27,13 @@ Two request shapes are understood (see :func:`to_policy_observation`):
   convention (-1 open, +1 close), so openpi's ``examples/libero/main.py`` passes them straight
   to ``env.step``: the server converts a ``"dataset"``-convention policy's chunk and announces
   ``gripper: "robosuite"`` (the policy's own convention under ``policy_gripper``);
-- DiT4DiT: ``{"examples": [{"image": [primary||wrist], "lang": str, "state": (1, 16)}]}``;
-  reply ``{"data": {"normalized_actions": (1, chunk, 8)}}`` in the policy's own convention
-  (``policy_gripper``), as DiT4DiT's client expects.
+- DiT4DiT (upstream's LIBERO client, :mod:`tutorial_utils.serve.dit4dit_profile`):
+  ``{"examples": [{"image": [primary || wrist (224, 448, 3)], "lang": str, "state": (1, 16)}],
+  "do_sample": False, "use_ddim": True, "num_ddim_steps": 10}``, the state interleaved sin/cos
+  (sin s0, cos s0, ...) zero-padded to 16; reply upstream's ``{"status": "ok", "ok": True, "type":
+  "inference_result", "request_id": .., "data": {"normalized_actions": (1, chunk, 8)}}``: the
+  policy's actions normalised to [-1, 1] with the served checkpoint's min / max (gripper +1 open,
+  -1 close), which the client un-normalises with the same ``dataset_statistics.json``.
 
 Images of any size are accepted and resized to the policy's ``image_size`` with the package's
 one resize, :func:`tutorial_utils.data.images.resize` (the one training windows use).
@@ -101,6 +105,112 @@ class PortInUse(ServingError, OSError):
     """The port is taken by another process."""
 
 
+# --- the DiT4DiT wire shape (upstream's LIBERO client; tutorial_utils.serve.dit4dit_profile) -------
+
+#: each camera's side in a DiT4DiT request (upstream ``Args.resize_size``)
+DIT4DIT_IMAGE_SIZE = 224
+#: the encoded state's width (``framework.action_model.state_dim`` in upstream's config.yaml)
+DIT4DIT_STATE_DIM = 16
+#: actions per reply (``future_action_window_size + 1``) and their padded width
+DIT4DIT_CHUNK = 8
+DIT4DIT_ACTION_DIM = 8
+#: upstream's client sends these beside ``examples``; its server passes them to ``predict_action``
+DIT4DIT_REQUEST_OPTIONS = {"do_sample": False, "use_ddim": True, "num_ddim_steps": 10}
+
+
+def side_by_side(primary, wrist, size: int = DIT4DIT_IMAGE_SIZE):
+    """Two (H, W, 3) uint8 cameras -> one (size, 2*size, 3) image: each area-resized
+    (:func:`tutorial_utils.data.images.resize_area`, OpenCV's ``INTER_AREA``), primary left."""
+    import numpy as np
+
+    from tutorial_utils.data.images import resize_area
+
+    return np.concatenate([resize_area(primary, size), resize_area(wrist, size)], axis=1)
+
+
+def encode_state(state, state_dim: int = DIT4DIT_STATE_DIM):
+    """(D,) state -> (1, state_dim) float32: sin s0, cos s0, sin s1, cos s1, ..., then zeros."""
+    import numpy as np
+
+    s = np.asarray(state, dtype=np.float32).reshape(-1)
+    if 2 * s.shape[0] > state_dim:
+        raise ValueError(f"a {s.shape[0]}-D state needs {2 * s.shape[0]} sin/cos slots, state_dim is {state_dim}")
+    enc = np.stack([np.sin(s), np.cos(s)], axis=-1).reshape(1, -1)
+    return np.pad(enc, ((0, 0), (0, state_dim - enc.shape[1]))).astype(np.float32)
+
+
+def decode_state(encoded, key: str = "examples[0].state", dim: int = STATE_DIM):
+    """Server side: the interleaved sin/cos state -> (dim,) float32 angles ``atan2(sin, cos)``
+    (modulo 2 pi, in (-pi, pi]). Raises :class:`ObservationError` naming ``key``."""
+    import numpy as np
+
+    arr = np.asarray(encoded, dtype=np.float64).reshape(-1)
+    if arr.shape[0] < 2 * dim:
+        raise ObservationError(
+            f"request key {key!r}: expected the {dim}-D state as interleaved sin/cos padded to "
+            f"{DIT4DIT_STATE_DIM} numbers, shape (1, {DIT4DIT_STATE_DIM}); found {arr.shape[0]} numbers."
+        )
+    pairs = arr[: 2 * dim].reshape(dim, 2)
+    return np.arctan2(pairs[:, 0], pairs[:, 1]).astype(np.float32)
+
+
+def build_dit4dit_request(primary, wrist, state, lang: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The request upstream's LIBERO client sends, from two already-rotated camera images (any
+    size), the 8-D state and the task language. ``extra`` entries go into the example (our
+    expert's ``privileged`` observation; upstream's server ignores unknown keys). Upstream's client
+    also leaves its un-resized ``wrist_image`` in the example, which its server never reads: we
+    do not send it."""
+    example = {"image": [side_by_side(primary, wrist)], "lang": str(lang), "state": encode_state(state)}
+    example.update(extra or {})
+    return {"examples": [example], **DIT4DIT_REQUEST_OPTIONS}
+
+
+def dit4dit_reply(normalized, request_id: Any = "default") -> dict[str, Any]:
+    """(chunk, d) normalised actions -> upstream's reply (``websocket_policy_server.py``), the
+    actions padded to (1, chunk, 8) under ``data.normalized_actions``."""
+    import numpy as np
+
+    a = np.asarray(normalized, dtype=np.float32)
+    padded = np.zeros((1, a.shape[0], max(DIT4DIT_ACTION_DIM, a.shape[1])), np.float32)
+    padded[0, :, : a.shape[1]] = a
+    return {
+        "status": "ok",
+        "ok": True,
+        "type": "inference_result",
+        "request_id": request_id,
+        "data": {"normalized_actions": padded},
+    }
+
+
+def dit4dit_reply_chunk(reply: Any):
+    """``data.normalized_actions`` of a reply -> (chunk, dims) float32 (the first batch element).
+
+    An upstream error reply (``status: "error"``: its policy raised) becomes :class:`ServerError`;
+    a reply without the key a :class:`ServingError` naming what it had."""
+    import numpy as np
+
+    if isinstance(reply, dict) and reply.get("status") == "error":
+        err = reply.get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        raise ServerError(f"the DiT4DiT server's policy failed: {msg}")
+    data = reply.get("data") if isinstance(reply, dict) else None
+    if not isinstance(data, dict) or "normalized_actions" not in data:
+        keys = sorted(reply) if isinstance(reply, dict) else type(reply).__name__
+        raise ServingError(
+            f"a DiT4DiT reply carries data.normalized_actions (1, {DIT4DIT_CHUNK}, {DIT4DIT_ACTION_DIM}); this "
+            f"one has {keys}. Is the server an openpi one? Then evaluate with protocol=openpi."
+        )
+    a = np.asarray(data["normalized_actions"], dtype=np.float32)
+    if a.ndim == 3:
+        a = a[0]
+    if a.ndim != 2 or a.shape[0] < 1 or a.shape[1] < 7:
+        raise ServingError(
+            f"data.normalized_actions has shape {a.shape}; expected (1, chunk, >= 7), upstream sends "
+            f"(1, {DIT4DIT_CHUNK}, {DIT4DIT_ACTION_DIM})"
+        )
+    return a
+
+
 # --- request adapters ----------------------------------------------------------------------------
 
 
@@ -137,7 +247,8 @@ def _as_image(value: Any, key: str, size: int | None):
     return resize(arr, size)
 
 
-def _as_state(value: Any, key: str):
+def _as_state(value: Any, key: str, sincos: bool = False):
+    """The 8-D state; with ``sincos`` (DiT4DiT) also the interleaved sin/cos encoding padded to 16."""
     import numpy as np
 
     expected = f"Send {STATE_DIM} finite numbers, e.g. a float32 array of shape ({STATE_DIM},)."
@@ -156,8 +267,8 @@ def _as_state(value: Any, key: str):
             f"request key {key!r}: the state must be finite, found {int((~np.isfinite(arr)).sum())} NaN/inf "
             f"value(s). {expected}"
         )
-    if arr.shape[0] == 2 * STATE_DIM:  # DiT4DiT's sin/cos encoded state: sin(s) then cos(s)
-        arr = np.arctan2(arr[:STATE_DIM], arr[STATE_DIM:])
+    if sincos and arr.shape[0] != STATE_DIM:  # DiT4DiT: sin s0, cos s0, sin s1, ... padded to 16
+        arr = decode_state(arr, key, STATE_DIM)
     if arr.shape[0] != STATE_DIM:
         raise ObservationError(
             f"request key {key!r}: expected {STATE_DIM} numbers (eef pos 3 + axis-angle 3 + gripper qpos 2), "
@@ -213,7 +324,7 @@ def to_policy_observation(request: Any, image_size: int | None = None) -> dict[s
         obs = {
             IMAGE_KEY: _as_image(images[0], "examples[0].image[0]", image_size),
             WRIST_KEY: _as_image(images[1], "examples[0].image[1]", image_size),
-            STATE_KEY: _as_state(ex["state"], "examples[0].state"),
+            STATE_KEY: _as_state(ex["state"], "examples[0].state", sincos=True),
             PROMPT_KEY: str(ex["lang"]),
         }
         if PRIVILEGED_KEY in ex or PRIVILEGED_KEY in request:
@@ -236,12 +347,13 @@ def to_policy_observation(request: Any, image_size: int | None = None) -> dict[s
     return obs
 
 
-def to_reply(result: dict[str, Any], protocol: str) -> dict[str, Any]:
+def to_reply(result: dict[str, Any], protocol: str, request_id: Any = "default") -> dict[str, Any]:
     """The policy's result -> the reply for ``protocol``.
 
-    For ``dit4dit`` the chunk is padded to 8 action dims under ``data.normalized_actions``; the
-    server normalises it first when the policy has ``normalize_actions`` (else the actions are
-    in robot units, which this package's own client expects).
+    For ``dit4dit``, ``result["actions"]`` must already be normalised (the server does it with
+    :meth:`tutorial_utils.serve.dit4dit_profile.ActionStatistics.normalize`): the reply is
+    upstream's shape, the chunk padded to 8 dims under ``data.normalized_actions`` (1, chunk, 8),
+    with ``request_id`` echoed (upstream's default ``"default"``). Other result keys are dropped.
     """
     import numpy as np
 
@@ -249,37 +361,34 @@ def to_reply(result: dict[str, Any], protocol: str) -> dict[str, Any]:
     if actions.ndim == 1:
         actions = actions[None]
     if protocol == "dit4dit":
-        padded = np.zeros((1, actions.shape[0], 8), np.float32)
-        padded[0, :, : actions.shape[1]] = actions
-        extra = {k: v for k, v in result.items() if k != "actions"}
-        return {"data": {"normalized_actions": padded, **extra}}
+        return dit4dit_reply(actions, request_id)
     return {**result, "actions": actions}
 
 
 def to_request(obs: dict[str, Any], protocol: str = "openpi") -> dict[str, Any]:
-    """Client side: openpi-keyed observation -> a request for ``protocol``."""
-    import numpy as np
+    """Client side: openpi-keyed observation -> a request for ``protocol``.
 
+    ``dit4dit``: upstream's LIBERO request (:func:`build_dit4dit_request`):
+    both cameras (already rotated 180 degrees, any size) area-resized to 224 and side by side, the
+    state interleaved sin/cos padded to 16; a ``privileged`` entry rides in the example."""
     if protocol == "openpi":
         return obs
     if protocol == "dit4dit":
-        both = np.concatenate([obs[IMAGE_KEY], obs[WRIST_KEY]], axis=1)
-        s = np.asarray(obs[STATE_KEY], dtype=np.float32).reshape(-1)
-        ex = {"image": [both], "lang": obs[PROMPT_KEY], "state": np.concatenate([np.sin(s), np.cos(s)])[None]}
-        if PRIVILEGED_KEY in obs:
-            ex[PRIVILEGED_KEY] = obs[PRIVILEGED_KEY]
-        return {"examples": [ex]}
+        extra = {PRIVILEGED_KEY: obs[PRIVILEGED_KEY]} if PRIVILEGED_KEY in obs else None
+        return build_dit4dit_request(obs[IMAGE_KEY], obs[WRIST_KEY], obs[STATE_KEY], obs[PROMPT_KEY], extra)
     raise ValueError(f"unknown protocol {protocol!r}; use 'openpi' or 'dit4dit'")
 
 
 def reply_actions(reply: dict[str, Any]):
-    """The (chunk, 7) float32 actions of a reply in either protocol."""
+    """The (chunk, 7) float32 actions of a reply in either protocol, as sent: for DiT4DiT the first
+    7 dims of ``data.normalized_actions``, still normalised (un-normalise them with
+    :meth:`tutorial_utils.serve.dit4dit_profile.ActionStatistics.to_env`)."""
     import numpy as np
 
     if "actions" in reply:
         a = np.asarray(reply["actions"], dtype=np.float32)
-    elif isinstance(reply.get("data"), dict) and "normalized_actions" in reply["data"]:
-        a = np.asarray(reply["data"]["normalized_actions"], dtype=np.float32)[0, :, :7]
+    elif "data" in reply or reply.get("status") == "error":
+        a = dit4dit_reply_chunk(reply)[:, :7]
     else:
         raise ServingError(f"reply has neither 'actions' nor 'data.normalized_actions'; keys: {sorted(reply)}")
     return a.reshape(-1, 7) if a.ndim == 1 else a

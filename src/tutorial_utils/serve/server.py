@@ -112,8 +112,14 @@ class PolicyServer:
     straight to ``env.step``: a ``"dataset"``-convention policy's chunk goes through
     :func:`tutorial_utils.data.libero_schema.dataset_action_to_env`. So the metadata sent on
     connect (:attr:`metadata`) says ``gripper: "robosuite"`` and keeps the policy's own convention
-    under ``policy_gripper`` (:attr:`policy_metadata` is the policy's metadata unchanged); DiT4DiT
-    requests are answered in the policy's own convention.
+    under ``policy_gripper`` (:attr:`policy_metadata` is the policy's metadata unchanged).
+
+    DiT4DiT requests (:mod:`tutorial_utils.serve.dit4dit_profile`) get upstream's reply: the chunk
+    normalised to [-1, 1] with :attr:`dit4dit_statistics` (``statistics``: a
+    ``dataset_statistics.json`` path or map; else the served checkpoint's; else the action space's,
+    which changes nothing), the gripper +1 open / -1 close, so a client un-normalising with the same
+    file gets the policy's actions back. The metadata announces those statistics under
+    ``dit4dit_statistics`` (upstream's server announces none; its client reads the file).
     """
 
     def __init__(
@@ -125,8 +131,10 @@ class PolicyServer:
         infer_in_thread: bool = False,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         debug: bool = False,
+        statistics: Any = None,
     ):
         from tutorial_utils.errors import ConfigError
+        from tutorial_utils.serve.dit4dit_profile import METADATA_KEY, server_statistics
 
         if isinstance(max_frame_bytes, bool) or not isinstance(max_frame_bytes, int) or max_frame_bytes <= 0:
             raise ConfigError(
@@ -141,6 +149,8 @@ class PolicyServer:
         self.port = port
         self.policy_metadata = dict(metadata if metadata is not None else getattr(policy, "metadata", {}) or {})
         self.metadata = announced_metadata(self.policy_metadata)
+        self.dit4dit_statistics = server_statistics(policy, statistics)
+        self.metadata[METADATA_KEY] = self.dit4dit_statistics.to_dict()
         self.ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -161,10 +171,10 @@ class PolicyServer:
         obs = to_policy_observation(request, self.image_size)
         result = self.policy.infer(obs)
         if protocol == "dit4dit":
-            if hasattr(self.policy, "normalize_actions"):
-                # a DiT4DiT client un-normalises with dataset_statistics.json itself
-                result = {**result, "actions": self.policy.normalize_actions(result["actions"])}
-        elif self.policy_gripper != ROBOSUITE_GRIPPER:
+            # a DiT4DiT client un-normalises with dataset_statistics.json itself
+            normalized = self.dit4dit_statistics.normalize(result["actions"], self.policy_gripper)
+            return to_reply({"actions": normalized}, protocol, request.get("request_id", "default"))
+        if self.policy_gripper != ROBOSUITE_GRIPPER:
             # openpi's client passes the actions straight to env.step: answer in robosuite's convention
             result = {**result, "actions": action_to_env(result["actions"], self.policy_gripper)}
         return to_reply(result, protocol)
@@ -206,7 +216,8 @@ class PolicyServer:
                 timing = {"infer_ms": infer_ms}
                 if prev_total is not None:
                     timing["prev_total_ms"] = prev_total
-                reply["server_timing"] = timing
+                if "examples" not in request:  # DiT4DiT replies keep upstream's keys only
+                    reply["server_timing"] = timing
                 data = packb(reply)
             except Exception as exc:
                 self.errors += 1
