@@ -75,3 +75,37 @@ def test_one_real_episode_headless_succeeds():
         assert env.check_success()
     finally:
         env.close()
+
+
+def test_served_expert_keeps_one_controller_per_episode(monkeypatch):
+    """Two clients (evaluation workers) interleaving their requests never reset each other's
+    controller: each episode's actions are what it would get alone."""
+    import numpy as np
+
+    from tutorial_utils.policies.expert import ExpertPolicy
+    from tutorial_utils.sim import expert as sim_expert
+
+    class Counting:  # acts with how many steps this controller has taken, plus the task's offset
+        def __init__(self, **kw):
+            self.n, self.offset = 0, None
+
+        def reset(self, task_info):
+            self.offset = task_info["offset"]
+
+        def act(self, obs):
+            self.n += 1
+            return np.full(7, self.offset + self.n, dtype=np.float32)
+
+    monkeypatch.setattr(sim_expert, "ScriptedExpert", Counting)
+    policy = ExpertPolicy()
+
+    def ask(ep, offset):
+        req = {"privileged": {"episode_id": ep, "task_info": {"offset": offset}, "obs": {}}}
+        return float(policy.infer(req)["actions"][0, 0])
+
+    got = [ask("a", 0), ask("b", 100), ask("a", 0), ask("b", 100), ask("a", 0)]
+    assert got == [1, 101, 2, 102, 3]
+    policy.MAX_EPISODES = 2
+    ask("c", 200)
+    assert ask("a", 0) == 4  # kept: used more recently than b
+    assert ask("b", 100) == 101  # evicted (least recently used), so it starts afresh
