@@ -61,6 +61,15 @@ def openpi_observation(size: int = 224) -> dict:
     }
 
 
+def needs_lerobot():
+    """Skip unless LeRobot 0.4.4 is installed (``make setup`` installs it)."""
+    import pytest
+
+    return pytest.importorskip(
+        "lerobot", reason="LeRobot 0.4.4 is not installed: `make setup` installs requirements-lerobot04.txt"
+    )
+
+
 def fuzz_settings(default_examples: int):
     """hypothesis settings for the bounded CI fuzzers (``TUTORIAL_FUZZ_EXAMPLES`` raises the count
     for a deeper local run); nothing is written into the repository."""

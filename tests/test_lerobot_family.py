@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import needs_lerobot, openpi_observation
 from tutorial_utils import policies
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.policies.base import CheckpointError, ObservationError, PolicyUnavailable
@@ -88,20 +89,8 @@ RUN = {
 FAMILIES = sorted(TINY)
 
 
-def needs_lerobot():
-    return pytest.importorskip(
-        "lerobot", reason="LeRobot 0.4.4 is not installed: `make setup` installs requirements-lerobot04.txt"
-    )
-
-
 def observation(size: int = SIZE) -> dict:
-    rng = np.random.default_rng(0)
-    return {
-        "observation/image": rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
-        "observation/wrist_image": rng.integers(0, 255, (size, size, 3), dtype=np.uint8),
-        "observation/state": np.array([0.1, -0.1, 0.2, 0.0, 0.0, 0.0, 0.04, -0.04], np.float32),
-        "prompt": "pick up the black bowl and place it on the plate",
-    }
+    return openpi_observation(size)
 
 
 @pytest.fixture(scope="module")

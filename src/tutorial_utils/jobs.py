@@ -91,6 +91,22 @@ class RunResult:
 # --- run ids and directories ------------------------------------------------------------------
 
 
+def stop_process(proc, timeout: float = 10.0) -> int | None:
+    """Stop a child process the way Ctrl-C would (SIGINT), then kill it after ``timeout`` seconds;
+    returns its exit code (servers and clients of the chains shut down cleanly on SIGINT)."""
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
 def new_run_id(name: str) -> str:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return f"{stamp}-{name}-{_secrets.token_hex(3)}"

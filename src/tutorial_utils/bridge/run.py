@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from tutorial_utils import jobs
 from tutorial_utils.bridge.commands import (
     BridgeConfig,
     Command,
@@ -87,17 +87,6 @@ def _popen(cmd: Command, base_env: dict[str, str] | None) -> subprocess.Popen:
         ) from None
 
 
-def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    return proc.returncode
-
-
 def run_step(
     cmd: Command, *, timeout: float | None = None, echo: bool = False, base_env: dict[str, str] | None = None
 ) -> int | None:
@@ -108,10 +97,10 @@ def run_step(
     try:
         rc: int | None = proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        _stop(proc)
+        jobs.stop_process(proc)
         rc = None
     except KeyboardInterrupt:
-        _stop(proc)
+        jobs.stop_process(proc)
         raise
     pump.join(10)
     return rc
@@ -154,7 +143,7 @@ class Server:
         )
 
     def stop(self) -> int | None:
-        rc = _stop(self.proc)
+        rc = jobs.stop_process(self.proc)
         self._pump.join(5)
         return rc
 

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -42,17 +41,6 @@ def _tail(path: Path, n: int = 15) -> str:
         return f"({path.name} was not written)"
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     return "\n".join(lines[-n:])
-
-
-def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    return proc.returncode
 
 
 def _child_env() -> dict[str, str]:
@@ -102,7 +90,7 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
                 wait_for_health("127.0.0.1", port, timeout=cfg.server_timeout, alive=lambda: server.poll() is None), 2
             )
         except ServerUnavailable as exc:
-            _stop(server)
+            jobs.stop_process(server)
             d = L.diagnose(rd)
             jobs.update_status(rd, stage="server", success_signs=d.signs)
             raise StageFailed(
@@ -119,11 +107,11 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
             try:
                 rc = client.wait(cfg.client_timeout)
             except subprocess.TimeoutExpired:
-                _stop(client)
+                jobs.stop_process(client)
                 rc = None
         stages["client_s"] = round(time.monotonic() - t_client, 1)
     finally:
-        _stop(server)
+        jobs.stop_process(server)
     d = L.diagnose(rd)
     results_path = out_dir / RESULTS_FILE
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}

@@ -28,13 +28,13 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from tutorial_utils import jobs
 from tutorial_utils.errors import TutorialError
 from tutorial_utils.evaluate import shards as S
 from tutorial_utils.evaluate.loop import RESULTS_FILE, SERVER_LOG, EvalConfig, eval_log_name, run_evaluation
@@ -90,16 +90,6 @@ def _read(path: Path) -> dict | None:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 def _traceback_of(log: Path, max_lines: int = 30) -> list[str]:
@@ -202,7 +192,7 @@ def run_workers(cfg: EvalConfig, out=None, poll_s: float = 0.5) -> dict:
             time.sleep(poll_s)
     finally:
         for p in procs:
-            _stop(p)
+            jobs.stop_process(p)
         for fh in handles:
             fh.close()
     drain()
