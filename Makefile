@@ -109,8 +109,9 @@ lint-workflows: venv
 test-quick: setup
 	$(PY) -m pytest tests -m "not slow and not browser" -n 2 -p no:cacheprovider -q
 
+# every unit test but the browser ones (LIBERO and slow included), on 2 workers: ~8 min on 2 cores
 test-unit: setup
-	$(PY) -m pytest tests -m "not browser" -p no:cacheprovider
+	$(PY) -m pytest tests -m "not browser" -n 2 -p no:cacheprovider
 
 test-notebooks: setup
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
