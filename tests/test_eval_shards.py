@@ -308,3 +308,12 @@ def test_real_libero_two_workers_equal_one_process(tmp_path):
     assert len(_documented(one.eval_log)) == 2 * (1 + 4 * 2 + 2) + 2
     assert _comparable(two.results) == _comparable(one.results) and two.results["total_episodes"] == 4
     assert (tmp_path / "two" / "workers" / "w1" / "eval_libero_spatial.log").is_file()
+
+
+def test_an_empty_shard_is_a_configuration_error_not_a_failed_setup():
+    from tutorial_utils.errors import ConfigError
+    from tutorial_utils.evaluate import shards
+
+    assert shards.shard_pairs([0, 1], 1, 1, 2) == [(1, 0)]
+    with pytest.raises(ConfigError, match=r"shard=0 with num_shards=3 gets no episode: .* only 2 .*num_shards <= 2"):
+        shards.shard_pairs([0, 1], 1, 0, 3)

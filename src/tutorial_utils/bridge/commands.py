@@ -19,6 +19,7 @@ from pathlib import Path
 from tutorial_utils.bridge.checkout import DEEPSPEED_YAML, EVAL_PY, LIBERO_YAML, SERVER_PY, TRAIN_PY
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.params import param
+from tutorial_utils.sim.libero_env import SUITES
 
 COMMANDS_SH = "commands.sh"
 TRAIN_LOG = "train.log"
@@ -34,7 +35,6 @@ OFFICIAL_FREEZE = "backbone_interface.extractor.text_encoder,backbone_interface.
 RICH_WIDTH = {"COLUMNS": "200"}
 #: Variables that make Rich (and other tools) write colour codes and links into a log file.
 FORCE_TERMINAL_VARS = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
-SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 
 
 def eval_log_name(suite: str) -> str:

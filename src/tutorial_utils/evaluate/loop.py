@@ -283,10 +283,9 @@ def run_evaluation(cfg: EvalConfig, out=None, pairs: list | None = None) -> dict
     meta = dict(client.metadata)
     results = _results_skeleton(cfg, meta)
     task_ids = cfg.task_list or list(range(libero_env.num_tasks(cfg.suite)))
-    plan = shards.episode_plan(task_ids, cfg.trials_per_task)
     numbers = shards.episode_numbers(task_ids, cfg.trials_per_task)
     if pairs is None:
-        pairs = shards.split(plan, cfg.shard, cfg.num_shards)
+        pairs = shards.shard_pairs(task_ids, cfg.trials_per_task, cfg.shard, cfg.num_shards)
     pairs = [(int(t), int(k)) for t, k in pairs]
     if outside := [p for p in pairs if p not in numbers]:
         raise ConfigError(

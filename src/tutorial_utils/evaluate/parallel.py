@@ -116,7 +116,7 @@ def run_workers(cfg: EvalConfig, out=None, poll_s: float = 0.5) -> dict:
     out_dir = Path(cfg.output_dir or ".").resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     task_ids = resolve_task_ids(cfg)
-    plan = S.split(S.episode_plan(task_ids, cfg.trials_per_task), cfg.shard, cfg.num_shards)
+    plan = S.shard_pairs(task_ids, cfg.trials_per_task, cfg.shard, cfg.num_shards)
     parts = [p for p in (S.split(plan, k, cfg.workers) for k in range(cfg.workers)) if p]
     if len(parts) <= 1:  # nothing to share out: this process is the one client
         return run_evaluation(dataclasses.replace(cfg, output_dir=str(out_dir)), out, pairs=plan)

@@ -74,6 +74,19 @@ def split(pairs: Sequence[Pair], part: int, parts: int) -> list[Pair]:
     return [tuple(p) for p in pairs[part * n // parts : (part + 1) * n // parts]]  # type: ignore[misc]
 
 
+def shard_pairs(task_ids: Iterable[int], trials_per_task: int, shard: int, num_shards: int) -> list[Pair]:
+    """This shard's part of the evaluation's episodes; an empty shard is a configuration error (a
+    job that runs no episode would otherwise look like a failed LIBERO setup)."""
+    plan = episode_plan(task_ids, trials_per_task)
+    pairs = split(plan, shard, num_shards)
+    if not pairs:
+        raise ConfigError(
+            f"shard={shard} with num_shards={num_shards} gets no episode: the evaluation has only {len(plan)} "
+            f"(tasks x trials_per_task). Fix: use num_shards <= {max(len(plan), 1)}, or more trials_per_task."
+        )
+    return pairs
+
+
 def group_by_task(pairs: Iterable[Pair]) -> dict[int, list[int]]:
     """``{task_id: [trial, ...]}`` in the order of ``pairs`` (tasks as they first appear)."""
     out: dict[int, list[int]] = {}
