@@ -1,0 +1,106 @@
+"""The glue of the training-platform chapter (tutorial_utils.report.platform): background
+commands, waiting for a run's step, the tampered bundle copy, the openpi observation."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from tutorial_utils.io import sha256_file
+from tutorial_utils.report import platform as pf
+from tutorial_utils.runs import export
+
+
+def test_overrides_are_cli_words():
+    words = pf.overrides({"steps": 5, "progress": False, "optimizer_betas": (0.9, 0.95), "policy.model_dim": 32})
+    assert words == ["steps=5", "progress=false", "optimizer_betas=0.9,0.95", "policy.model_dim=32"]
+
+
+def test_start_training_builds_the_train_command(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_start(args, log):
+        seen.update(args=args, log=log)
+        return "proc"
+
+    monkeypatch.setattr(pf, "start_cli", fake_start)
+    assert pf.start_training(tmp_path / "run", tmp_path / "ds", steps=3) == "proc"
+    assert seen["args"][:5] == ["train", "--dataset", str(tmp_path / "ds"), "--output-dir", str(tmp_path / "run")]
+    assert seen["args"][5:] == ["progress=false", "steps=3"]
+    assert seen["log"] == tmp_path / "run.out"  # beside the run, not inside it
+
+
+def test_start_cli_runs_in_the_background_and_logs(tmp_path):
+    proc = pf.start_cli(["runs", "--help"], tmp_path / "out.log")
+    assert proc.args[:3] == [sys.executable, "-m", "tutorial_utils"]
+    assert pf.finish(proc, timeout=60) == 0
+    assert "rollback" in (tmp_path / "out.log").read_text()
+    with pytest.raises(pf.BackgroundError, match="does not exist"):
+        pf.start_cli(["runs", "list"], tmp_path / "missing" / "out.log")
+
+
+def _metrics(run, steps, tail=""):
+    run.mkdir(exist_ok=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in steps) + tail)
+
+
+def test_current_step_reads_metrics_and_heartbeat_and_skips_a_cut_line(tmp_path):
+    run = tmp_path / "run"
+    assert pf.current_step(run) is None
+    _metrics(run, [2, 4], tail='{"step": 6, "lo')  # a write cut short
+    assert pf.current_step(run) == 4
+    (run / "status.json").write_text(json.dumps({"training": {"state": "paused", "step": 7, "total": 10}}))
+    assert pf.current_step(run) == 7  # the heartbeat is newer than the last metrics row
+
+
+def test_wait_for_step_returns_or_explains(tmp_path):
+    run = tmp_path / "run"
+    _metrics(run, [2, 4, 6])
+    assert pf.wait_for_step(run, 5, timeout=5) == 6
+    with pytest.raises(pf.BackgroundError, match="not reached within"):
+        pf.wait_for_step(run, 8, timeout=0.3)
+    proc = pf.start_cli(["runs", "--help"], tmp_path / "p.log")
+    with pytest.raises(pf.BackgroundError, match=r"exited \(code 0\) at step 6 before step 8"):
+        pf.wait_for_step(run, 8, proc, timeout=60)
+
+
+def _bundle(tmp_path):
+    b = tmp_path / "bundle"
+    b.mkdir()
+    (b / "model.safetensors").write_bytes(bytes(range(64)))
+    (b / "config.json").write_text("{}")
+    files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in b.iterdir()}
+    (b / export.MANIFEST_FILE).write_text(json.dumps({"format": export.BUNDLE_FORMAT, "files": files}))
+    return b
+
+
+def test_tampered_copy_changes_one_byte_and_verify_names_the_file(tmp_path):
+    b = _bundle(tmp_path)
+    export.verify(b)
+    changed = pf.tampered_copy(b, tmp_path / "t")
+    a, c = (b / "model.safetensors").read_bytes(), changed.read_bytes()
+    assert len(a) == len(c) and sum(x != y for x, y in zip(a, c, strict=True)) == 1
+    export.verify(b)  # the original is untouched
+    with pytest.raises(export.BundleError, match="model.safetensors changed"):
+        export.verify(changed.parent)
+    with pytest.raises(pf.BackgroundError, match="exists already"):
+        pf.tampered_copy(b, tmp_path / "t")
+    with pytest.raises(pf.BackgroundError, match="does not exist"):
+        pf.tampered_copy(b, tmp_path / "t2", file="nope.bin")
+
+
+def test_openpi_observation_from_a_lerobot_batch():
+    from tutorial_utils.policies.base import IMAGE_KEY, PROMPT_KEY, STATE_KEY, WRIST_KEY
+
+    class Model:
+        image_size = 16
+
+    batch = export.example_batch(Model(), n=3, seed=1)
+    obs = pf.openpi_observation(batch, 2)
+    assert set(obs) == {IMAGE_KEY, WRIST_KEY, STATE_KEY, PROMPT_KEY}
+    assert obs[IMAGE_KEY].shape == (16, 16, 3) and obs[IMAGE_KEY].dtype == np.uint8
+    np.testing.assert_array_equal(obs[WRIST_KEY], batch["observation.images.wrist_image"][2])
+    assert obs[STATE_KEY].dtype == np.float32 and isinstance(obs[PROMPT_KEY], str)
+    with pytest.raises(pf.BackgroundError, match="observation.state"):
+        pf.openpi_observation({k: v for k, v in batch.items() if k != "observation.state"})
