@@ -1,5 +1,5 @@
 """``python -m tutorial_utils runs ...``: list, show, copy, start, delete, stop, pause, resume,
-rollback, checkpoints, mark-best, best, compare, diagnose, prune, export, verify."""
+rollback, checkpoints, evaluate, mark-best, best, compare, diagnose, prune, export, verify."""
 
 from __future__ import annotations
 
@@ -51,6 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dest", default=None)
     p = sub.add_parser("checkpoints", help="a run's checkpoints: step, time, size, metrics, success rate")
     p.add_argument("run")
+    p = sub.add_parser(
+        "evaluate", help="evaluate checkpoints in LIBERO (same episodes each), record success rates with 95% CIs"
+    )
+    p.add_argument("run")
+    p.add_argument("checkpoints", nargs="*", default=["best", "last"], help="names (default: best last)")
+    p.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="evaluation parameters (trials_per_task=10 ...)"
+    )
     p = sub.add_parser("mark-best", help="make a checkpoint the run's best by hand (or the best by --metric)")
     p.add_argument("run")
     p.add_argument("checkpoint", nargs="?", default=None, help="a step_* name (default: the best by --metric)")
@@ -133,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.cmd == "resume":
             return _train_rc(control.resume(args.run, args.resume_from, runs_dir=rd, **_kv(args.changes)))
+        elif args.cmd == "evaluate":
+            from tutorial_utils.runs import evaluation
+
+            print(evaluation.describe(evaluation.evaluate_checkpoints(args.run, args.checkpoints, rd, **_kv(args.set))))
         elif args.cmd == "rollback":
             print(f"forked {control.rollback(args.run, args.checkpoint, args.dest, rd)}")
         elif args.cmd == "checkpoints":
