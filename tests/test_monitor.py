@@ -302,3 +302,21 @@ def test_static_panel_of_a_run_without_rows(tmp_path):
     panel = M.static_panel(tmp_path / "empty")
     assert "no system metrics" in panel.html and "(no log lines yet)" in panel.html
     assert len(panel.figure.axes) == 6
+
+
+def test_the_monitor_shows_the_run_diagnosis_and_records_it_in_status(finished_run, no_drawing, tmp_path):
+    import json
+
+    from test_health import decaying, make_run
+
+    run = _copy(finished_run, tmp_path / "run")
+    mon = M.monitor(run, interval=0.05)
+    try:
+        assert "health:" in mon.health.value
+        health = json.loads((run / "status.json").read_text())["health"]
+        assert health["ok"] == mon.diagnosis.ok and "checked" in health
+    finally:
+        mon.close()
+    bad = make_run(tmp_path, "nan", losses=[*decaying(10), float("nan"), *decaying(5)])
+    panel = M.static_panel(bad)
+    assert "non_finite_loss" in panel.html and "Fix:" in panel.html

@@ -357,6 +357,37 @@ def log_html(lines: list[str]) -> str:
 # --- the panels as a figure -----------------------------------------------------------------------
 
 
+def health_html(diagnosis: Any) -> str:
+    """The run's diagnosis (:func:`tutorial_utils.runs.health.diagnose`): each finding with its
+    fix, errors in red and warnings in amber; one line when nothing was found."""
+    if diagnosis is None:
+        return ""
+    if not diagnosis.findings:
+        return '<div style="font-size:90%">health: no finding (<code>runs diagnose</code> checks)</div>'
+    items = []
+    for f in diagnosis.findings:
+        color = RED if f.severity == "error" else ORANGE
+        items.append(
+            f'<li><b style="color:{color}">{html.escape(f.severity)} {html.escape(f.code)}</b>: '
+            f"{html.escape(f.message)} <i>Fix: {html.escape(f.fix)}</i></li>"
+        )
+    return '<div style="font-size:90%">health:<ul style="margin:0">' + "".join(items) + "</ul></div>"
+
+
+def run_health(run_dir: str | os.PathLike, record: bool = False) -> Any:
+    """The run's diagnosis, or None when it cannot be made (the panel must never fail on it);
+    ``record`` also writes it into ``status.json`` as ``health``."""
+    from tutorial_utils.runs import health
+
+    try:
+        diag = health.diagnose(run_dir)
+        if record:
+            health.record(run_dir, diagnosis=diag)
+        return diag
+    except Exception:  # a half-written run: the next poll tries again
+        return None
+
+
 def _series(rows: list[dict], key: str, scale: float = 1.0) -> tuple[list[int], list[float]]:
     xs, ys = [], []
     for r in rows:
@@ -544,7 +575,7 @@ class StaticPanel:
 def static_panel(run_dir: str | os.PathLike, log_lines: int = 20, figsize=(13, 6.4)) -> StaticPanel:
     """The monitor's panels from a run's files, for the published book (no live kernel)."""
     view = read_view(run_dir, log_lines=log_lines)
-    text = progress_html(view) + system_html(view) + log_html(view.log)
+    text = progress_html(view) + health_html(run_health(run_dir)) + system_html(view) + log_html(view.log)
     return StaticPanel(panel_figure(view, figsize=figsize), text, view)
 
 
@@ -567,12 +598,14 @@ class RunMonitor:
         figsize: tuple[float, float] = (13, 6.4),
         runs_dir: str | os.PathLike | None = None,
         max_draw_share: float = 0.01,
+        health_every: float = 30.0,
     ):
         import ipywidgets as w
 
         self.run_dir = check_run_dir(run_dir).resolve()
         self.interval, self.figure_every, self.log_lines, self.figsize = interval, figure_every, log_lines, figsize
         self.runs_dir, self.max_draw_share = runs_dir, max_draw_share
+        self.health_every, self._next_health, self.diagnosis = health_every, 0.0, None
         self.tail = MetricsTail(self.run_dir / METRICS)
         self.view: RunView | None = None
         self.polls = 0
@@ -590,11 +623,12 @@ class RunMonitor:
         self.message = w.HTML()
         self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
         self.system = w.HTML()
+        self.health = w.HTML()
         self.log = w.HTML()
         self.stop_button.on_click(lambda _: self.send("stop"))
         self.pause_button.on_click(lambda _: self.send("pause"))
         controls = w.HBox([self.bar, self.stop_button, self.pause_button])
-        self.panel = w.VBox([self.header, controls, self.message, self.image, self.system, self.log])
+        self.panel = w.VBox([self.header, controls, self.message, self.health, self.image, self.system, self.log])
 
     # --- display ---------------------------------------------------------------------------------
 
@@ -627,6 +661,11 @@ class RunMonitor:
             self.header.value = progress_html(view)
             self.system.value = system_html(view)
             self.log.value = log_html(view.log)
+            if time.monotonic() >= self._next_health or (not live and self.diagnosis is None):
+                # the diagnosis (stale, NaN, divergence, data-bound, disk...) also goes into status.json
+                self.diagnosis = run_health(self.run_dir, record=True)
+                self.health.value = health_html(self.diagnosis)
+                self._next_health = time.monotonic() + self.health_every
             sample_key = (view.sample or {}).get("step")
             changed = len(view.rows) != self._drawn_rows or sample_key != self._drawn_sample or self.tail.reset
             if force_figure or (changed and time.monotonic() >= self._next_draw) or self._drawn_rows < 0:

@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("checkpoints", help="a run's checkpoints: step, time, size, metrics, success rate")
     p.add_argument("run")
     p = sub.add_parser(
-        "evaluate", help="evaluate checkpoints in LIBERO (same episodes each), record success rates with 95% CIs"
+        "evaluate", help="evaluate checkpoints in LIBERO (same episodes each), record success rates with 95%% CIs"
     )
     p.add_argument("run")
     p.add_argument("checkpoints", nargs="*", default=["best", "last"], help="names (default: best last)")
