@@ -1,0 +1,76 @@
+"""The platform benchmarks run (``--quick``, tiny sizes) and end with their JSON line.
+
+They measure, they do not judge speed: these tests check only that each runs to the end, that
+its last line is one JSON object with the figures the issue asks for, and that the facts it
+reports (a stop leaves a loadable checkpoint, the bundle's actions match) hold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _last_json(script: str, *argv: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines, proc.stderr[-2000:]
+    out = json.loads(lines[-1])
+    assert isinstance(out, dict)
+    return out
+
+
+@pytest.mark.slow
+def test_bench_control_quick_stops_both_ways_with_a_loadable_checkpoint():
+    out = _last_json("bench_control.py", "--repeats", "1", "--warm-rows", "2")
+    for key in (
+        "control_median_s",
+        "control_max_s",
+        "sigterm_median_s",
+        "sigterm_max_s",
+        "ratio",
+        "all_loadable",
+        "checkpoint_steps",
+        "load_avg_1m",
+    ):
+        assert key in out, key
+    assert out["bench"] == "control" and out["profile"] == "ci"
+    assert len(out["control_exit_s"]) == len(out["sigterm_exit_s"]) == 1
+    assert out["all_loadable"] is True
+    assert all(s is not None and s >= 2 for s in out["checkpoint_steps"])  # stopped after the rows it waited for
+    assert all(n is not None and n >= 0 for n in out["steps_after_command"])
+    assert out["control_median_s"] > 0 and out["sigterm_median_s"] > 0
+
+
+@pytest.mark.slow
+def test_bench_export_quick_reports_load_latency_and_parity():
+    out = _last_json("bench_export.py", "--loads", "2", "--infer", "5", "--steps", "2")
+    for key in (
+        "source_load_s",
+        "bundle_load_s",
+        "load_ratio",
+        "source_p50_ms",
+        "source_p90_ms",
+        "bundle_p50_ms",
+        "bundle_p90_ms",
+        "p50_ratio",
+        "parity_max_abs_diff",
+        "verify_s",
+        "load_avg_1m",
+    ):
+        assert key in out, key
+    assert out["bench"] == "export" and out["step"] == 2
+    assert 0 <= out["parity_max_abs_diff"] <= 1e-5  # the same weights: the same actions
+    assert out["bundle_load_s"] > 0 and out["source_p50_ms"] > 0 and out["verify_s"] > 0
