@@ -169,10 +169,13 @@ def test_bad_input(three, tmp_path, capsys):
 
 
 def test_cli_compare(three, tmp_path, capsys):
-    svg = tmp_path / "curves.svg"
+    svg = tmp_path / "figures" / "new" / "curves.svg"  # a folder that does not exist yet
     assert runs_cli(["compare", *map(str, three), "--out", str(svg), "--smoothing", "0.3"]) == 0
     out = capsys.readouterr().out
     assert "runs by val_action_mae (lower is better)" in out and "optimizer_lr" in out and "seeds aggregated" in out
     assert f"curves: {svg}" in out and svg.stat().st_size > 1000
     assert runs_cli(["mark-best", str(three[1]), "--metric", "val_action_mae"]) == 0
     assert "best <- step_000020 (by val_action_mae = 0.27)" in capsys.readouterr().out
+    # a named checkpoint and a metric at once is ambiguous: refused, nothing marked
+    assert runs_cli(["mark-best", str(three[1]), "step_000010", "--metric", "val_action_mae"]) != 0
+    assert "both a checkpoint ('step_000010') and a metric" in capsys.readouterr().err

@@ -227,6 +227,11 @@ def mark_best(
     d = resolve(run, runs_dir)
     root = d / ck.CHECKPOINTS_DIR
     chosen: dict[str, Any] = {}
+    if checkpoint is not None and (metric or mode):
+        raise MetricError(
+            f"mark_best got both a checkpoint ({checkpoint!r}) and a metric/mode: name the checkpoint to mark it "
+            "by hand, or give only the metric (and mode) to mark the best one by it"
+        )
     if checkpoint is None:
         pick = best_checkpoint(d, metric or DEFAULT_METRIC, mode)
         checkpoint = pick["name"]

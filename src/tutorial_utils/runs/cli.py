@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             cmp = compare.compare(args.runs, args.metric, args.mode, rd)
             print(cmp.text())
             if args.out:
+                from pathlib import Path
+
+                Path(args.out).parent.mkdir(parents=True, exist_ok=True)
                 cmp.figure(args.smoothing).savefig(args.out)
                 print(f"curves: {args.out}")
         elif args.cmd == "diagnose":
