@@ -46,6 +46,7 @@ from tutorial_utils.data.libero_schema import (
     LIBERO_ROBOT_TYPE,
     env_action_to_dataset,
     libero_features,
+    noop_mask,
 )
 from tutorial_utils.errors import DatasetError
 from tutorial_utils.io import atomic_write_json
@@ -55,7 +56,6 @@ HDF5_CAMERAS = ("obs/agentview_rgb", "obs/eye_in_hand_rgb")
 #: the state pieces, concatenated in this order (8 numbers)
 HDF5_STATE = ("obs/ee_pos", "obs/ee_ori", "obs/gripper_states")
 IMPORT_MANIFEST = "meta/hdf5_import.json"
-_NOOP_THRESHOLD = 1e-4
 _SCENE_PREFIX = re.compile(r"^(?:[A-Z0-9]+_)*SCENE\d+_")
 
 
@@ -114,16 +114,6 @@ def _read(path: Path, demo, key: str, name: str) -> np.ndarray:
             "without --no-proprio)",
         )
     return np.asarray(demo[key][()])
-
-
-def noop_mask(actions: np.ndarray, threshold: float = _NOOP_THRESHOLD) -> np.ndarray:
-    """True where an action is a no-op as in the ``no_noops`` datasets: no arm motion and the
-    gripper command unchanged from the previous action (the first one: motion alone decides)."""
-    a = np.asarray(actions, dtype=np.float64)
-    still = np.linalg.norm(a[:, :6], axis=1) < threshold
-    same = np.ones(len(a), dtype=bool)
-    same[1:] = a[1:, 6] == a[:-1, 6]
-    return still & same
 
 
 def read_demo(

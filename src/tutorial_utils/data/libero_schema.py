@@ -130,3 +130,25 @@ def libero_features(image_size: int = LIBERO_IMAGE_SIZE) -> dict:
     }
     feats.update(json.loads(json.dumps(DEFAULT_FEATURES)))
     return feats
+
+
+# --- no-op actions (the ``no_noops`` datasets' rule, for recording and for imports) ------------------
+
+#: arm motion below this norm (``|a[:6]|``) counts as none
+NOOP_THRESHOLD = 1e-4
+
+
+def noop_mask(actions: np.ndarray, threshold: float = NOOP_THRESHOLD) -> np.ndarray:
+    """True where an action is a no-op as in the ``no_noops`` datasets: no arm motion and the
+    gripper command unchanged from the previous action (the first one: motion alone decides)."""
+    a = np.asarray(actions, dtype=np.float64)
+    still = np.linalg.norm(a[:, :6], axis=1) < threshold
+    same = np.ones(len(a), dtype=bool)
+    same[1:] = a[1:, 6] == a[:-1, 6]
+    return still & same
+
+
+def is_noop(action: np.ndarray, prev_action: np.ndarray | None, threshold: float = NOOP_THRESHOLD) -> bool:
+    """:func:`noop_mask` for one action given the previous one (``None`` for the first)."""
+    pair = [action] if prev_action is None else [prev_action, action]
+    return bool(noop_mask(np.asarray(pair, dtype=np.float64).reshape(len(pair), -1), threshold)[-1])

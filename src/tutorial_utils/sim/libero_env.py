@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from tutorial_utils.data.libero_schema import is_noop  # noqa: F401  (le.is_noop: the recorder's rule)
+
 #: Suites and their episode step limits (FACTS section 5).
 MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
 SUITES = tuple(MAX_STEPS)
@@ -93,15 +95,6 @@ def state_vector(obs: dict) -> np.ndarray:
 def policy_images(obs: dict) -> tuple[np.ndarray, np.ndarray]:
     """(primary, wrist) uint8 images, flipped 180 degrees as in the IPEC data."""
     return flip(obs["agentview_image"]), flip(obs["robot0_eye_in_hand_image"])
-
-
-def is_noop(action: np.ndarray, prev_action: np.ndarray | None, threshold: float = 1e-4) -> bool:
-    """A no-op as in the ``no_noops`` datasets: no arm motion (``|a[:6]| < 1e-4``) and the gripper
-    command unchanged from the previous action (for the first action, motion alone decides)."""
-    a = np.asarray(action)
-    if np.linalg.norm(a[:6]) >= threshold:
-        return False
-    return prev_action is None or float(a[6]) == float(np.asarray(prev_action)[6])
 
 
 # --- LIBERO config and GL backend -----------------------------------------------------------
