@@ -91,6 +91,13 @@ class RunResult:
 # --- run ids and directories ------------------------------------------------------------------
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the policy servers, the lab, the upstream server)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def stop_process(proc, timeout: float = 10.0) -> int | None:
     """Stop a child process the way Ctrl-C would (SIGINT), then kill it after ``timeout`` seconds;
     returns its exit code (servers and clients of the chains shut down cleanly on SIGINT)."""

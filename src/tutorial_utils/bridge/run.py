@@ -30,6 +30,7 @@ from tutorial_utils.bridge.commands import (
     train_command,
 )
 from tutorial_utils.errors import TutorialError
+from tutorial_utils.jobs import free_port  # noqa: F401  (re-exported: callers use it from here)
 
 READY = re.compile(r"server listening on")
 #: Seconds after which a server without its ``server listening on`` line is probed on its port.
@@ -42,12 +43,6 @@ class StepFailed(TutorialError, RuntimeError):
     def __init__(self, step: str, message: str, run_dir: str | os.PathLike | None = None, diagnosis: Any = None):
         super().__init__(f"step {step} failed: {message}")
         self.step, self.run_dir, self.diagnosis = step, run_dir, diagnosis
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pump(stream: TextIO, log: Path, echo: bool, ready: threading.Event | None) -> None:

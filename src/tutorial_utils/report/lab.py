@@ -29,6 +29,7 @@ from pathlib import Path
 from tutorial_utils import paths
 from tutorial_utils.errors import TutorialError
 from tutorial_utils.io import atomic_dir, atomic_path, atomic_write_text
+from tutorial_utils.jobs import free_port  # noqa: F401  (re-exported: callers use it from here)
 
 #: The token file: 0600, created on first use, reused so a bookmarked URL keeps working.
 TOKEN_FILE = paths.REPO / ".make" / "lab_token"
@@ -158,13 +159,6 @@ def check_port(port: int) -> None:
             f"port {port} on {HOST} is taken (another lab, or another user of this server): "
             "choose another with `make lab LAB_PORT=8890` (and tunnel that port)"
         )
-
-
-def free_port(host: str = HOST) -> int:
-    """A port nobody listens on right now (for tests: a second lab beside a running one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def instructions(port: int, token_file: Path = TOKEN_FILE) -> str:

@@ -9,7 +9,6 @@ import http
 import http.client
 import logging
 import re
-import socket
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ from tutorial_utils.data.libero_schema import (
     ROBOSUITE_GRIPPER,
     action_to_env,
 )
+from tutorial_utils.jobs import free_port  # noqa: F401  (re-exported: callers use it from here)
 from tutorial_utils.serve.protocol import (
     DEFAULT_HOST,
     DEFAULT_MAX_FRAME_BYTES,
@@ -349,13 +349,6 @@ class ServerThread:
 
 
 # --- client --------------------------------------------------------------------------------------
-
-
-def free_port(host: str = DEFAULT_HOST) -> int:
-    """A TCP port that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 # --- CLI -----------------------------------------------------------------------------------------
