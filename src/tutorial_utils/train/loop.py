@@ -208,6 +208,15 @@ class StopSignals:
             signal.signal(s, h)
 
 
+def _ignore_stop_signals(_worker_id: int) -> None:
+    """DataLoader workers ignore the stop signals: a Ctrl-C to the terminal's process group or a
+    scheduler's signal to the whole group would otherwise kill them and break the main
+    process's iterator mid-step; the main process decides when to stop (and its workers exit
+    with it: the DataLoader watches its parent)."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
 class ControlFile:
     """``<output_dir>/control.json``, polled by the main process once per step: a ``stat`` (one
     system call) and a read only when the file changed. ``{"command": "stop"}`` or ``"pause"``
@@ -764,7 +773,7 @@ def _steps(
         except RuntimeError:
             if stop.signum is None:
                 raise
-            # Ctrl-C in a terminal reaches the DataLoader workers too; they exit, we stop.
+            # a worker killed outright (SIGKILL; they ignore the stop signals) while we were asked to stop
             yield step, signal.Signals(stop.signum).name, False
             return
         t1 = time.perf_counter()
@@ -801,7 +810,10 @@ def _steps(
         if world > 1:  # every rank must take the same decision in the same step
             mine = [float(sig or 0), 1.0 if over else 0.0, float(_CONTROL_CODES[cmd])]
             flags = acc.gather(torch.tensor([mine], device=acc.device)).reshape(world, -1).amax(0)
-            sig = stop.signum or (int(flags[0]) or None)
+            # the gathered flags only: a signal that lands on one rank during the gather is read
+            # by every rank at the next step's gather, never by that rank alone (it would stop
+            # here while the others go on into the next step's all-reduce and wait forever)
+            sig = int(flags[0]) or None
             over = float(flags[1]) > 0
             cmd = {v: k for k, v in _CONTROL_CODES.items()}[int(flags[2])]
         if sig:
@@ -1079,6 +1091,7 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
         batch_sampler=sampler,
         num_workers=cfg.num_workers,
         collate_fn=collate,
+        worker_init_fn=_ignore_stop_signals,
         persistent_workers=False,
         prefetch_factor=4 if cfg.num_workers else None,
     )
