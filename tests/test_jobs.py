@@ -138,7 +138,19 @@ def test_a_notebook_that_claims_its_run_dir_runs_under_the_runner(tmp_path, runs
 @pytest.mark.slow
 def test_the_train_job_notebook_runs_under_the_runner(runs_dir):
     """The real train job (ci profile: 2 steps on the synthetic dataset) through ``job run``."""
-    res = jobs.run_notebook("notebooks/jobs/train.md")
+    # a family's own parameter is a job parameter too (the front matter's extra_parameters)
+    res = jobs.run_notebook("notebooks/jobs/train.md", {"policy": "mlp", "hidden_dim": 48, "freeze_modules": ""})
     status = json.loads((res.run_dir / "status.json").read_text())
     assert status["state"] == "succeeded"
     assert (res.run_dir / "train.log").is_file()
+    assert json.loads((res.run_dir / "train_config.json").read_text())["policy_config"]["hidden_dim"] == 48
+
+
+def test_a_family_parameter_of_another_family_names_its_owner(runs_dir):
+    with pytest.raises(jobs.JobError, match=r"chunk_size is a parameter of act, not of policy='mini'.*-p policy act"):
+        jobs.run_notebook("notebooks/jobs/train.md", {"chunk_size": 16})
+    with pytest.raises(jobs.JobParameterError, match="hidden_dim=.*is str"):  # typed by the family's default
+        jobs.run_notebook("notebooks/jobs/train.md", {"policy": "mlp", "hidden_dim": "wide"})
+    with pytest.raises(jobs.JobError, match="nosuch"):  # an unknown family
+        jobs.run_notebook("notebooks/jobs/train.md", {"policy": "nosuch", "hidden_dim": 4})
+    assert not runs_dir.exists() or not list(runs_dir.iterdir())  # refused before a run directory was made

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import paths, profiles
-from tutorial_utils.errors import ConfigError, DiskFull, is_disk_full
+from tutorial_utils.errors import ConfigError, DiskFull, TutorialError, is_disk_full
 from tutorial_utils.io import atomic_write_text
 from tutorial_utils.secrets import redact, redact_data
 
@@ -237,6 +237,30 @@ def default_parameters(nb, profile: str | None = None) -> dict[str, Any]:
                 os.environ[profiles.ENV_VAR] = old
     names = declared_parameters(nb)
     return {k: ns[k] for k in names}
+
+
+#: the notebook front matter key of a job's extra parameters: ``tutorial_job: {extra_parameters:
+#: "module:function"}`` names a function that, given the job's parameters (defaults and overrides
+#: merged), returns ``{name: default}`` of the parameters the job takes beyond its ``parameters``
+#: cell (the train job: the chosen family's own). A function may carry ``explain(unknown, params)``
+#: for the error about a name it does not take.
+JOB_METADATA = "tutorial_job"
+
+
+def extra_parameters(nb, parameters: dict[str, Any], defaults: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """``({name: default}, function)`` of the extra parameters ``nb`` declares in its front matter
+    for these ``parameters`` (``({}, None)`` for a job without any)."""
+    import importlib
+
+    ref = (nb.metadata.get(JOB_METADATA) or {}).get("extra_parameters")
+    if not ref:
+        return {}, None
+    module, _, name = str(ref).partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    try:
+        return dict(fn({**defaults, **parameters})), fn
+    except (TutorialError, LookupError, ValueError) as exc:  # an unknown family, a bad value
+        raise JobParameterError(f"{exc}") from None
 
 
 def _type_name(value: Any) -> str:
@@ -527,17 +551,21 @@ def run_notebook(
     nb = read_notebook(nb_path)
     declared = declared_parameters(nb)
     parameters = dict(parameters or {})
-    unknown = sorted(set(parameters) - set(declared))
-    if unknown:
-        raise JobError(
-            f"{nb_path.name}: unknown parameter(s) {', '.join(unknown)}. "
-            f"This job's parameters are: {', '.join(declared)}."
-        )
     try:
         defaults = default_parameters(nb)
     except Exception:  # a parameters cell that cannot run here: papermill will say so
         defaults = {}
-    check_parameter_types(nb_path.name, parameters, defaults)
+    extras, extras_fn = extra_parameters(nb, parameters, defaults) if set(parameters) - set(declared) else ({}, None)
+    unknown = sorted(set(parameters) - set(declared) - set(extras))
+    if unknown:
+        explain = getattr(extras_fn, "explain", None)
+        hint = explain(unknown, {**defaults, **parameters}) if explain else ""
+        more = f" With these parameters it also takes: {', '.join(extras)}." if extras else ""
+        raise JobError(
+            f"{nb_path.name}: unknown parameter(s) {', '.join(unknown)}. "
+            f"This job's parameters are: {', '.join(declared)}.{more}" + (f" {hint}." if hint else "")
+        )
+    check_parameter_types(nb_path.name, parameters, {**extras, **defaults})
     profile = profiles.current()
     key_params = {"profile": profile, **parameters}
     if reuse:

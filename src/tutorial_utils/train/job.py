@@ -57,6 +57,49 @@ def resolve_dataset(dataset: str, run_dir: str | os.PathLike) -> Path:
     return p
 
 
+def family_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """The train job's parameters beyond its ``parameters`` cell: the chosen family's own
+    (``policy``'s config fields with their defaults), so ``-p policy act -p chunk_size 16`` is a
+    job parameter like any other (the notebook's front matter names this function for
+    :func:`tutorial_utils.jobs.run_notebook`)."""
+    import dataclasses
+
+    from tutorial_utils import policies
+
+    cls = policies.family(str(parameters.get("policy") or "mini")).config_class
+    return {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("help") is not None
+    }
+
+
+def _explain_unknown(names: list[str], parameters: dict[str, Any]) -> str:
+    """For each unknown name that another family takes: which one, and how to choose it."""
+    import dataclasses
+
+    from tutorial_utils import policies
+
+    chosen = str(parameters.get("policy") or "mini")
+    hints = []
+    for name in names:
+        owners = [
+            fam
+            for fam in policies.trainable()
+            if any(f.name == name for f in dataclasses.fields(policies.family(fam).config_class))
+        ]
+        if owners:
+            hints.append(
+                f"{name} is a parameter of {', '.join(owners)}, not of policy={chosen!r} "
+                f"(choose the family with -p policy {owners[0]}; its parameters: "
+                f"python -m tutorial_utils train --list-params policy={owners[0]})"
+            )
+    return "; ".join(hints)
+
+
+family_parameters.explain = _explain_unknown  # type: ignore[attr-defined]
+
+
 def run_job(run_dir: str | os.PathLike, **params: Any) -> TrainResult:
     """What ``notebooks/jobs/train.md`` runs: resolve ``params["dataset"]``, train into
     ``run_dir`` with the other parameters (:class:`TrainConfig` names), record the success signs
