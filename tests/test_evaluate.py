@@ -24,6 +24,7 @@ from tutorial_utils.evaluate.chain import _absolute, run_job
 from tutorial_utils.evaluate.loop import (
     EvalConfig,
     StageFailed,
+    latency_summary,
     results_table,
     run_episode,
     run_evaluation,
@@ -298,6 +299,12 @@ def test_same_pixels_in_training_serving_and_evaluation():
     assert not np.array_equal(pil, resize(img, size))  # the old second resize would have differed
     # the server answered in robosuite's convention; the client only clipped
     assert ep["steps"] == 1
+    # the one request was timed by the client and by the server (openpi's server_timing)
+    assert len(ep["round_trip_ms"]) == 1 and len(ep["server_infer_ms"]) == 1
+    assert 0 <= ep["server_infer_ms"][0] <= ep["round_trip_ms"][0]
+    lat = latency_summary({"tasks": [{"episodes": [ep, {**ep, "round_trip_ms": [1e6], "server_infer_ms": []}]}]})
+    assert lat["requests"] == 2 and lat["round_trip_ms_p90"] > lat["round_trip_ms_p50"] >= ep["round_trip_ms"][0]
+    assert latency_summary({"tasks": [{"episodes": [{"success": True}]}]})["round_trip_ms_p50"] is None
     np.testing.assert_array_equal(env.actions[0], [0.5, 0, 0, 0, 0, 0, -1.0])
 
 

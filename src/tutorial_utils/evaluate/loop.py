@@ -168,7 +168,9 @@ class _Printer:
 
 
 def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_steps: int, task_info: dict) -> dict:
-    """One episode; returns ``{success, steps, wall_s, frames}`` (steps after the settle steps).
+    """One episode; returns ``{success, steps, wall_s, frames, round_trip_ms, server_infer_ms}``
+    (steps after the settle steps; the two lists time each request to the policy server: the
+    round trip as the client sees it, and the server's own inference where it reports it).
 
     ``cfg.protocol == "dit4dit"`` is upstream's LIBERO client (:mod:`tutorial_utils.serve.dit4dit_profile`):
     the env's rotated cameras area-resized to 224 side by side, the state as interleaved sin/cos,
@@ -201,6 +203,8 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
         obs, _r, _done, _info = env.step(SETTLE_ACTION)
     plan: deque = deque()
     frames, success, steps = [], False, 0
+    round_trip_ms: list[float] = []  # each request, as the client sees it (encode, send, infer, reply)
+    server_ms: list[float] = []  # the server's own inference time, where it reports one (openpi)
     while steps < max_steps:
         primary, wrist = env.images(obs)
         if cfg.videos:
@@ -218,7 +222,12 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
                     "task_info": task_info,
                     "obs": env.privileged_observation(),
                 }
+            t_req = time.perf_counter()
             reply = client.infer(request)
+            round_trip_ms.append(round((time.perf_counter() - t_req) * 1000.0, 1))
+            timing = reply.get("server_timing") if isinstance(reply, dict) else None
+            if isinstance(timing, dict) and isinstance(timing.get("infer_ms"), (int, float)):
+                server_ms.append(round(float(timing["infer_ms"]), 1))
             if dit4dit is not None:
                 from tutorial_utils.serve.dit4dit_profile import reply_chunk
 
@@ -235,7 +244,14 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
             if cfg.videos:
                 frames.append(env.images(obs)[0])
             break
-    return {"success": success, "steps": steps, "wall_s": round(time.monotonic() - t0, 2), "frames": frames}
+    return {
+        "success": success,
+        "steps": steps,
+        "wall_s": round(time.monotonic() - t0, 2),
+        "frames": frames,
+        "round_trip_ms": round_trip_ms,
+        "server_infer_ms": server_ms,
+    }
 
 
 def _results_skeleton(cfg: EvalConfig, meta: dict) -> dict:
@@ -336,6 +352,8 @@ def run_evaluation(cfg: EvalConfig, out=None, pairs: list | None = None) -> dict
                             "steps": ep["steps"],
                             "wall_s": ep["wall_s"],
                             "video": video,
+                            "round_trip_ms": ep["round_trip_ms"],
+                            "server_infer_ms": ep["server_infer_ms"],
                         }
                     )
                     task["successes"] = task_ok
@@ -381,6 +399,27 @@ def results_table(results: dict) -> list[dict]:
             }
         )
     return rows
+
+
+def latency_summary(results: dict) -> dict:
+    """The policy server's latency over every request of every episode in ``results`` (one
+    process's, or merged from workers and shards): request count, round-trip p50/p90 as the
+    client measured it (encode, websocket, inference, reply) and the server's own inference p50.
+    ``None`` where the episodes carry no timings (results written before they were recorded)."""
+    import numpy as np
+
+    rt = [x for t in results.get("tasks", []) for e in t.get("episodes", []) for x in e.get("round_trip_ms") or []]
+    srv = [x for t in results.get("tasks", []) for e in t.get("episodes", []) for x in e.get("server_infer_ms") or []]
+
+    def q(values: list[float], p: float) -> float | None:
+        return round(float(np.percentile(values, p)), 1) if values else None
+
+    return {
+        "requests": len(rt),
+        "round_trip_ms_p50": q(rt, 50),
+        "round_trip_ms_p90": q(rt, 90),
+        "server_infer_ms_p50": q(srv, 50),
+    }
 
 
 # --- CLI --------------------------------------------------------------------------------------------
