@@ -12,7 +12,7 @@ Stages, earliest first (a module may import its own stage and earlier ones)::
 - plumbing: the top-level modules below (``paths``, ``io``, ``jobs``...) and the package's
   own ``__init__``;
 - a stage sub-package (``tutorial_utils/<stage>/``), its ``__init__`` included;
-- orchestration: ``pipeline``, ``cli`` and ``__main__``, which may import anything.
+- orchestration: ``pipeline``, ``zoo``, ``cli`` and ``__main__``, which may import anything.
 
 A new top-level module or sub-package must be given a stage here (the test says so).
 """
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
 PLUMBING = ("paths", "io", "profiles", "secrets", "errors", "params", "logs", "machine", "jobs", "facts")
 STAGES = ("hub", "data", "sim", "policies", "bridge", "train", "serve", "evaluate", "runs", "report")
-ORCHESTRATION = ("pipeline", "cli", "__main__")
+ORCHESTRATION = ("pipeline", "zoo", "cli", "__main__")
 
 # rank of each stage: plumbing 0, the sub-packages 1..8, orchestration last
 RANK = {"plumbing": 0, **{s: i + 1 for i, s in enumerate(STAGES)}, "orchestration": len(STAGES) + 1}

@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tutorial_utils.pipeline",
         "the main job: record -> train -> evaluate -> promote (reuses finished runs)",
     ),
+    "zoo": (
+        "tutorial_utils.zoo",
+        "the model zoo comparison's table and promotion (the zoo job runs it: notebooks/jobs/zoo.md)",
+    ),
     "promote": (
         "tutorial_utils.report.promote",
         "copy a finished run's real logs, results and a video into logs/ and assets/",

@@ -64,14 +64,10 @@ def family_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     :func:`tutorial_utils.jobs.run_notebook`)."""
     import dataclasses
 
-    from tutorial_utils import policies
+    from tutorial_utils import params, policies
 
     cls = policies.family(str(parameters.get("policy") or "mini")).config_class
-    return {
-        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        for f in dataclasses.fields(cls)
-        if f.metadata.get("help") is not None
-    }
+    return {f.name: params.default_of(f) for f in dataclasses.fields(cls) if f.metadata.get("help") is not None}
 
 
 def _explain_unknown(names: list[str], parameters: dict[str, Any]) -> str:

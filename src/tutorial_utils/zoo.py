@@ -1,0 +1,629 @@
+"""The model zoo comparison: every family that trains on the recorded demonstrations, given the
+same demonstrations and the same CPU budget, evaluated with the same LIBERO client.
+
+``run(...)`` (the ``zoo`` job, ``notebooks/jobs/zoo.md``) does, for each family:
+
+1. **budget -> steps**: 30 training steps of the family on the dataset, through the real trainer
+   and data loader (:func:`calibrate`), turn the shared budget (``train_minutes``) into a step count, so every
+   family gets about the same CPU time *and* a learning-rate schedule that ends where its budget
+   does (a wall-clock stop would cut a cosine schedule in the middle). The load average at that
+   moment is recorded: on a busy machine the steps come out lower, and the table says so.
+2. **train**: the train job (``notebooks/jobs/train.md``) with those steps, a real run directory
+   under ``runs/`` with every platform file (metrics, checkpoints, status, health);
+3. **evaluate**: the evaluate job on the run's ``best`` checkpoint (lowest validation action
+   error) with the same tasks, trials, init states and client seed for every family; the results
+   are attached to the training run (``runs checkpoints RUN`` shows them);
+4. **table**: one row per family: parameters, steps, samples/s, validation error, success rate
+   with its 95% Wilson interval, the policy server's round-trip latency.
+
+Both jobs are reused when a finished run with the same parameters exists, so an interrupted zoo
+continues where it stopped. The result is ``zoo.json`` (with the curves and per-task successes
+the chapter plots) in the zoo's run directory; ``promote`` copies it into ``logs/``.
+CLI: ``python -m tutorial_utils zoo {table,promote} RUN_DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tutorial_utils import jobs, paths
+from tutorial_utils.errors import ConfigError
+from tutorial_utils.io import atomic_write_json
+
+#: the families that train on the demonstrations and drive LIBERO through the policy server
+FAMILIES = ("mini", "act", "diffusion", "vqbet")
+ZOO_FILE = "zoo.json"
+#: the learning rate each family trains with (the rest of the training parameters are shared):
+#: mini is the small DiT the main chain trains at 3e-4; LeRobot's ACT, Diffusion Policy and VQ-BeT
+#: default to 1e-4 when trained from scratch (ACT's 1e-5 is for a pretrained backbone)
+LEARNING_RATES = {"mini": 3e-4, "act": 1e-4, "diffusion": 1e-4, "vqbet": 1e-4}
+#: parameters only the timing uses: VQ-BeT's first steps fit its VQ-VAE on actions alone (no images,
+#: milliseconds); its GPT phase is what most of its steps cost
+TIMING_OVERRIDES = {"vqbet": {"n_vqvae_training_steps": 1}}
+
+
+#: the platform guide's families, in its four groups, with how far each goes in this project
+#: (``here``) and the guide's scenario for it; ``catalog()`` adds what the policy registry says
+CATALOG: tuple[dict[str, str], ...] = (
+    {
+        "family": "smolvla",
+        "group": "vision-language-action",
+        "scenario": "follow spoken instructions (tidy the table), with a GPU",
+        "here": "GPU server only: its VLM config and tokenizer come from the Hub; the error names the recipe",
+    },
+    {
+        "family": "openvla",
+        "group": "vision-language-action",
+        "scenario": "complex scenes and long instructions, with a large GPU",
+        "here": "GPU server only (7.5B parameters, not in LeRobot); served to our client through a wrapper",
+    },
+    {
+        "family": "act",
+        "group": "imitation learning",
+        "scenario": "learn a task from expert demonstrations (sorting objects)",
+        "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
+    },
+    {
+        "family": "pi0",
+        "group": "imitation learning",
+        "scenario": "general manipulation from a pretrained VLA (openpi)",
+        "here": "GPU server only (openpi, ~3.5B); openpi's server speaks our client's protocol",
+    },
+    {
+        "family": "pi05",
+        "group": "imitation learning",
+        "scenario": "general manipulation; a LIBERO-tuned checkpoint is published",
+        "here": "GPU server only (openpi, ~3.5B); openpi's server speaks our client's protocol",
+    },
+    {
+        "family": "pi0_fast",
+        "group": "imitation learning",
+        "scenario": "Pi0 with faster, autoregressive action tokens",
+        "here": "GPU server only (openpi); its FAST tokenizer comes from the Hub",
+    },
+    {
+        "family": "diffusion",
+        "group": "policy learning",
+        "scenario": "precise multi-step manipulation (assembly), several ways to do a move",
+        "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
+    },
+    {
+        "family": "vqbet",
+        "group": "policy learning",
+        "scenario": "behaviours with a few distinct modes, as discrete action codes",
+        "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
+    },
+    {
+        "family": "sac",
+        "group": "reinforcement learning",
+        "scenario": "adaptive control learned from reward, online in a simulator",
+        "here": "built and updated from the demonstrations' transitions (a smoke test of the update)",
+    },
+    {
+        "family": "tdmpc",
+        "group": "reinforcement learning",
+        "scenario": "model-based control: a learned world model plans each action",
+        "here": "trained offline from the demonstrations with a sparse success reward, plus a closed-loop check",
+    },
+    {
+        "family": "mini",
+        "group": "this book",
+        "scenario": "the DiT4DiT recipe at laptop size (flow-matching DiT head)",
+        "here": "trained, served and evaluated by the main chain and in the comparison below",
+    },
+)
+
+
+def catalog():
+    """The guide's families as a pandas DataFrame: group, the guide's scenario, whether the
+    policy registry trains it here or only names its GPU-server recipe, and how far it goes here."""
+    import pandas as pd
+
+    from tutorial_utils import policies
+
+    trainable, gpu = set(policies.trainable()), set(policies.gpu_server())
+    rows = [
+        {
+            **c,
+            "trains here": c["family"] in trainable,
+            "in the comparison": c["family"] in FAMILIES,
+            "GPU server": c["family"] in gpu,
+        }
+        for c in CATALOG
+    ]
+    return pd.DataFrame(rows).set_index("family")
+
+
+def parse_families(text: str) -> list[str]:
+    """``"mini,act"`` -> ``["mini", "act"]``; an unknown or untrainable name is a clear error."""
+    from tutorial_utils import policies
+
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"families={text!r}: name at least one of {', '.join(FAMILIES)}")
+    for n in names:
+        if n not in FAMILIES:
+            other = (
+                "it trains here but does not drive LIBERO from images (reinforcement learning: see its chapter)"
+                if n in policies.trainable()
+                else f"trainable families: {', '.join(policies.trainable())}"
+            )
+            raise ConfigError(f"families: {n!r} is not in the zoo's comparison ({', '.join(FAMILIES)}); {other}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"families={text!r} names a family twice")
+    return names
+
+
+def time_family(
+    name: str, steps: int = 3, batch_size: int = 8, overrides: dict | None = None, round_trips: bool = False
+) -> dict[str, Any]:
+    """Time ``steps`` training steps (forward, backward, AdamW) of family ``name`` at its default
+    config (plus ``overrides``) on synthetic frames of its image size, and ``predict`` on one
+    observation. The first step is a warm-up and not counted. Returns parameters (M), image
+    size, action horizon, seconds per step, samples/s, predict seconds, build seconds and, with
+    ``round_trips``, the p50 of requests through a websocket policy server serving the model."""
+    import numpy as np
+    import torch
+
+    from tutorial_utils import policies
+    from tutorial_utils.train.data import WindowDataset, collate, synthetic_source
+
+    t0 = time.perf_counter()
+    overrides = dict(overrides or {})
+    cfg = policies.family(name).config_class
+    size = int(overrides.get("image_size", cfg().image_size))
+    src = synthetic_source(n_episodes=4, length=24, image_size=size)
+    model = policies.make(name, overrides or None, src.statistics)
+    build_s = time.perf_counter() - t0
+    ds = WindowDataset(src, np.arange(len(src)), model.action_horizon, model.image_size)
+    rng = np.random.default_rng(0)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    model.train()
+    times = []
+    for step in range(steps + 1):
+        batch = collate([ds[int(i)] for i in rng.choice(len(src), batch_size)])
+        t = time.perf_counter()
+        out = model(batch, torch.Generator().manual_seed(step))
+        opt.zero_grad(set_to_none=True)
+        out["total_loss"].backward()
+        opt.step()
+        if step:
+            times.append(time.perf_counter() - t)
+    one = collate([ds[0]])
+    model.predict(one, generator=torch.Generator().manual_seed(0))  # warm-up
+    lat = []
+    for k in range(3):
+        t = time.perf_counter()
+        model.predict(one, generator=torch.Generator().manual_seed(k))
+        lat.append(time.perf_counter() - t)
+    rt = _round_trips(model, one) if round_trips else []
+    step_s = float(np.median(times))
+    return {
+        "family": name,
+        "params_m": round(model.parameter_counts()["total"] / 1e6, 2),
+        "image_size": model.image_size,
+        "action_horizon": model.action_horizon,
+        "s_per_step": round(step_s, 4),
+        "samples_per_s": round(batch_size / step_s, 2),
+        "predict_s": round(float(np.median(lat)), 4),
+        "build_s": round(build_s, 1),
+        "round_trip_ms_p50": round(float(np.median(rt)), 1) if rt else None,
+    }
+
+
+def _round_trips(model, batch, n: int = 5) -> list[float]:
+    """Milliseconds of ``n`` requests (after one warm-up) to a policy server serving ``model``,
+    sent as the LIBERO client sends them (openpi keys, the policy's image size)."""
+    from tutorial_utils.report.platform import openpi_observation
+    from tutorial_utils.serve.client import PolicyClient
+    from tutorial_utils.serve.server import ServerThread
+
+    obs = openpi_observation(batch, 0)
+    out = []
+    with ServerThread(model.serving_policy()) as srv, PolicyClient(port=srv.port, connect_timeout=30) as client:
+        client.infer(obs)
+        for _ in range(n):
+            t = time.perf_counter()
+            client.infer(obs)
+            out.append((time.perf_counter() - t) * 1000.0)
+    return out
+
+
+def calibrate(
+    name: str, dataset: str, batch_size: int, num_workers: int, steps: int = 30, log_freq: int = 5
+) -> dict[str, Any]:
+    """Seconds per training step of family ``name`` on ``dataset`` as the train job will run it
+    (the real trainer, data loader and workers, on this machine now), from ``steps`` steps in a
+    temporary folder: the median of the logged windows after the first (the first holds the
+    warm-up). Also returns the load average before it started."""
+    import statistics
+    import tempfile
+
+    from tutorial_utils.io import read_jsonl
+    from tutorial_utils.train.config import TrainConfig
+    from tutorial_utils.train.job import resolve_dataset
+    from tutorial_utils.train.loop import METRICS_FILE, train
+
+    load = _load()
+    with tempfile.TemporaryDirectory(prefix=f"zoo-calibrate-{name}-") as tmp:
+        root = resolve_dataset(dataset, tmp)
+        cfg = TrainConfig.from_overrides(
+            {
+                "policy": name,
+                "dataset": str(root),
+                "output_dir": str(Path(tmp) / "run"),
+                "steps": steps,
+                "batch_size": batch_size,
+                "num_workers": num_workers,
+                "eval_freq": 0,
+                "log_freq": log_freq,
+                "save_checkpoint": False,
+                "progress": False,
+                **{f"policy.{k}": v for k, v in TIMING_OVERRIDES.get(name, {}).items()},
+            }
+        )
+        t0 = time.perf_counter()
+        train(cfg)
+        wall = time.perf_counter() - t0
+        rates = [r["samples_per_s"] for r in read_jsonl(Path(tmp) / "run" / METRICS_FILE) if "samples_per_s" in r]
+    if len(rates) < 2:
+        raise RuntimeError(f"calibrating {name}: {len(rates)} metrics windows; give it more steps than log_freq")
+    return {
+        "s_per_step": round(batch_size / statistics.median(rates[1:]), 4),
+        "steps": steps,
+        "wall_s": round(wall, 1),
+        "load": load,
+    }
+
+
+def budget_steps(s_per_step: float, minutes: float, lo: int = 20, hi: int = 200_000) -> int:
+    """Training steps that fill ``minutes`` at ``s_per_step`` (at least ``lo``, at most ``hi``)."""
+    if minutes <= 0 or s_per_step <= 0:
+        raise ConfigError(f"budget: train_minutes={minutes} and the step time {s_per_step} s must be > 0")
+    return int(max(lo, min(hi, round(60.0 * minutes / s_per_step))))
+
+
+def _load() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+def _family_row(fam: str, train_dir: Path, eval_dir: Path, timing: dict | None, budget: dict) -> dict[str, Any]:
+    """One row of the table from the family's training and evaluation run directories."""
+    from tutorial_utils.evaluate.loop import latency_summary
+    from tutorial_utils.runs.checkpoints import wilson
+
+    summary = json.loads((train_dir / "summary.json").read_text(encoding="utf-8"))
+    results = json.loads((eval_dir / "results.json").read_text(encoding="utf-8"))
+    n, k = int(results["total_episodes"]), int(results["total_successes"])
+    lo, hi = wilson(k, n) or (None, None)
+    best = summary.get("best") or {}
+    return {
+        "family": fam,
+        "params_m": round(summary["parameters"]["total"] / 1e6, 2),
+        "batch_size": summary["batch_size"],
+        "steps": summary["steps_done"],
+        "train_min": round(summary["wall_s"] / 60.0, 1),
+        "samples_per_s": round(summary["samples_per_s"], 1),
+        "data_wait_share": round(summary["data_wait_share"], 3),
+        "last_loss": summary.get("last_loss"),
+        "best_val_action_mae": best.get("val_action_mae"),
+        "best_step": best.get("step"),
+        "episodes": n,
+        "successes": k,
+        "success_rate": k / n if n else None,
+        "ci95_low": lo,
+        "ci95_high": hi,
+        **latency_summary(results),
+        "timed_s_per_step": (timing or {}).get("s_per_step"),
+        "load_at_start": budget.get("load"),
+        "train_run": paths.for_book(os.fspath(train_dir)),
+        "eval_run": paths.for_book(os.fspath(eval_dir)),
+    }
+
+
+def _curves(train_dir: Path, results: dict) -> dict[str, Any]:
+    """What the chapter plots of one family: loss and validation rows, successes per task."""
+    from tutorial_utils.runs.registry import read_metrics
+
+    rows = read_metrics(train_dir)
+    return {
+        "train": [[r["step"], r["loss"]] for r in rows if isinstance(r.get("loss"), (int, float))],
+        "val": [[r["step"], r["val_action_mae"]] for r in rows if isinstance(r.get("val_action_mae"), (int, float))],
+        "per_task": [
+            {"task_id": t["task_id"], "task": t["task"], "successes": t["successes"], "episodes": len(t["episodes"])}
+            for t in results.get("tasks", [])
+        ],
+    }
+
+
+def run(
+    run_dir: str | os.PathLike,
+    families: str = ",".join(FAMILIES),
+    dataset: str = "synthetic",
+    train_minutes: float = 0.0,
+    steps: int = 2,
+    batch_size: int = 8,
+    eval_freq: int = 0,
+    log_freq: int = 1,
+    num_workers: int = 0,
+    seed: int = 42,
+    suite: str = "libero_spatial",
+    task_ids: str = "0",
+    trials_per_task: int = 1,
+    max_steps: int | None = None,
+    workers: int = 1,
+    echo: bool = False,
+) -> dict[str, Any]:
+    """The comparison (see the module docstring): ``train_minutes > 0`` is the CPU budget of
+    each family (turned into steps by timing it); ``0`` trains every family ``steps`` steps.
+    Writes and returns ``zoo.json``'s content."""
+    from tutorial_utils.runs import health
+    from tutorial_utils.runs.checkpoints import attach_results
+
+    names = parse_families(families)
+    for key, value in (("trials_per_task", trials_per_task), ("workers", workers), ("batch_size", batch_size)):
+        if int(value) < 1:
+            raise ConfigError(f"{key}={value} must be >= 1")
+    run_dir = Path(run_dir)
+    out: dict[str, Any] = {
+        "config": {
+            "families": names,
+            "dataset": dataset,
+            "train_minutes": train_minutes,
+            "steps": steps,
+            "batch_size": batch_size,
+            "eval_freq": eval_freq,
+            "seed": seed,
+            "suite": suite,
+            "task_ids": task_ids,
+            "trials_per_task": trials_per_task,
+            "max_steps": max_steps,
+            "workers": workers,
+            "learning_rates": {f: LEARNING_RATES[f] for f in names},
+            "cpu_count": os.cpu_count(),
+        },
+        "rows": [],
+        "curves": {},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    for fam in names:
+        t0 = time.time()
+        budget: dict[str, Any] = {"load": _load()}
+        timing = None
+        fam_steps = int(steps)
+        if train_minutes > 0:
+            timing = calibrate(fam, dataset, batch_size, num_workers)
+            fam_steps = budget_steps(timing["s_per_step"], train_minutes)
+            budget.update(timing=timing, steps=fam_steps)
+        print(
+            f"[zoo] {fam}: {fam_steps} steps"
+            + (f" ({train_minutes} min at {timing['s_per_step']} s/step, load {budget['load']})" if timing else ""),
+            flush=True,
+        )
+        train_params: dict[str, Any] = {
+            "policy": fam,
+            "dataset": dataset,
+            "steps": fam_steps,
+            "batch_size": batch_size,
+            "eval_freq": eval_freq,
+            "log_freq": log_freq,
+            "save_freq": 0,
+            "num_workers": num_workers,
+            "seed": seed,
+            "optimizer_lr": LEARNING_RATES[fam],
+            "scheduler_warmup_steps": min(200, max(0, fam_steps // 10)),
+            "freeze_modules": "",
+        }
+        if train_minutes > 0:  # a safety net past the budget (the steps should end first)
+            train_params["time_limit_min"] = round(1.5 * train_minutes, 2)
+        tr = jobs.run_notebook(paths.JOBS / "train.md", train_params, reuse=True, echo=echo)
+        status = jobs.read_status(tr.run_dir).get("train") or {}
+        ckpt = status.get("best_checkpoint") or status.get("last_checkpoint")
+        if not ckpt:
+            raise RuntimeError(f"{tr.run_dir}: the {fam} training left no checkpoint to evaluate")
+        ev_params: dict[str, Any] = {
+            "policy": fam,
+            "checkpoint": ckpt,
+            "suite": suite,
+            "task_ids": task_ids,
+            "trials_per_task": trials_per_task,
+            "seed": 7,
+            "workers": workers,
+        }
+        if max_steps is not None:
+            ev_params["max_steps"] = int(max_steps)
+        ev = jobs.run_notebook(paths.JOBS / "evaluate.md", ev_params, reuse=True, echo=echo)
+        attach_results(tr.run_dir, Path(ckpt).name, ev.run_dir / "results.json")
+        diagnosis = health.diagnose(tr.run_dir)  # now with the success rate (the "loss falls, success 0" checklist)
+        health.record(tr.run_dir, diagnosis=diagnosis)
+        results = json.loads((ev.run_dir / "results.json").read_text(encoding="utf-8"))
+        row = _family_row(fam, tr.run_dir, ev.run_dir, timing, budget)
+        row.update(
+            checkpoint=Path(ckpt).name,
+            reused=bool(tr.reused and ev.reused),
+            zoo_s=round(time.time() - t0, 1),
+            health=[f.code for f in diagnosis.findings if f.severity != "info"],
+        )
+        out["rows"].append(row)
+        out["curves"][fam] = _curves(tr.run_dir, results)
+        out["finished"] = False
+        atomic_write_json(run_dir / ZOO_FILE, out)  # a partial table survives an interruption
+        print(
+            f"[zoo] {fam}: {row['successes']}/{row['episodes']} episodes "
+            f"({100 * row['success_rate']:.0f}%), {row['steps']} steps in {row['train_min']} min",
+            flush=True,
+        )
+    out["finished"] = True
+    atomic_write_json(run_dir / ZOO_FILE, out)
+    return out
+
+
+# --- reading a zoo's results ---------------------------------------------------------------------
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    """A zoo's results: ``zoo.json`` in a run directory, or a promoted ``logs/zoo_*.json``."""
+    p = Path(path)
+    f = p / ZOO_FILE if p.is_dir() else p
+    if not f.is_file():
+        raise FileNotFoundError(
+            f"{f}: no zoo results here. Run the zoo job (python -m tutorial_utils job run notebooks/jobs/zoo.md) "
+            "and pass its run directory."
+        )
+    data = json.loads(f.read_text(encoding="utf-8"))
+    if not isinstance(data, dict) or "rows" not in data:
+        raise ConfigError(f"{f}: not a zoo result (no 'rows'); was it written by the zoo job?")
+    return data
+
+
+TABLE_COLUMNS = (
+    "family",
+    "params_m",
+    "steps",
+    "train_min",
+    "samples_per_s",
+    "best_val_action_mae",
+    "success",
+    "ci95",
+    "round_trip_ms_p50",
+    "server_infer_ms_p50",
+)
+
+
+def table(zoo: dict[str, Any]):
+    """The comparison as a pandas DataFrame indexed by family (success as k/n and rate, the
+    Wilson interval as text), best success rate first."""
+    import pandas as pd
+
+    rows = []
+    for r in sorted(zoo["rows"], key=lambda r: -(r["success_rate"] or 0.0)):
+        ci = f"[{100 * r['ci95_low']:.0f}%, {100 * r['ci95_high']:.0f}%]" if r.get("ci95_low") is not None else "-"
+        rows.append(
+            {
+                **{k: r.get(k) for k in TABLE_COLUMNS if k not in ("success", "ci95")},
+                "success": f"{r['successes']}/{r['episodes']} ({100 * (r['success_rate'] or 0):.0f}%)",
+                "ci95": ci,
+            }
+        )
+    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).set_index("family")
+
+
+def text(zoo: dict[str, Any]) -> str:
+    """The table as plain text with the budget it was made with."""
+    import pandas as pd
+
+    c = zoo["config"]
+    budget = f"{c['train_minutes']} min of training each" if c["train_minutes"] else f"{c['steps']} steps each"
+    head = (
+        f"{len(zoo['rows'])} families, {budget}, batch {c['batch_size']}, dataset {c['dataset']}; evaluated on "
+        f"{c['suite']} tasks {c['task_ids']} x {c['trials_per_task']} trials (seed 7, {c['workers']} client workers)"
+    )
+    with pd.option_context("display.width", 220, "display.max_columns", 20):
+        return head + "\n" + table(zoo).to_string()
+
+
+def figure(zoo: dict[str, Any]):
+    """Three panels: success rate with the 95% interval per family, the training loss curves
+    (EMA-smoothed) and the validation action error, one colour per family."""
+    from matplotlib.figure import Figure
+
+    from tutorial_utils.runs.compare import ema
+
+    fams = [r["family"] for r in zoo["rows"]]
+    colors = {f: f"C{i % 10}" for i, f in enumerate(fams)}
+    fig = Figure(figsize=(13, 3.8), layout="constrained")
+    ax_sr, ax_loss, ax_val = fig.subplots(1, 3)
+    for i, r in enumerate(zoo["rows"]):
+        p = r["success_rate"] or 0.0
+        lo, hi = (r.get("ci95_low") or 0.0), (r.get("ci95_high") or 0.0)
+        ax_sr.bar(i, 100 * p, color=colors[r["family"]])
+        ax_sr.errorbar(i, 100 * p, yerr=[[100 * (p - lo)], [100 * (hi - p)]], color="black", capsize=4)
+        ax_sr.text(i, 100 * hi + 2, f"{r['successes']}/{r['episodes']}", ha="center", fontsize=8)
+    ax_sr.set_xticks(range(len(fams)), fams)
+    ax_sr.set(title="LIBERO success rate (95% Wilson interval)", ylabel="%", ylim=(0, 110))
+    for fam, cur in zoo["curves"].items():
+        if cur["train"]:
+            s, loss = zip(*cur["train"], strict=True)
+            ax_loss.plot(s, loss, color=colors.get(fam), alpha=0.2, lw=0.8)
+            ax_loss.plot(s, ema(list(loss)), color=colors.get(fam), lw=1.6, label=fam)
+        if cur["val"]:
+            s, v = zip(*cur["val"], strict=True)
+            ax_val.plot(s, v, color=colors.get(fam), marker="o", ms=3, lw=1.4, label=fam)
+    ax_loss.set(title="training loss (each family's own objective)", xlabel="step", yscale="log")
+    ax_val.set(title="validation action error (lower is better)", xlabel="step")
+    for ax in (ax_loss, ax_val):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax_sr.grid(alpha=0.3, axis="y")
+    return fig
+
+
+def per_task_figure(zoo: dict[str, Any]):
+    """Successes per task (rows) and family (columns) as a heat map with the counts written in."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    fams = [r["family"] for r in zoo["rows"]]
+    tasks = sorted({t["task_id"] for f in fams for t in zoo["curves"][f]["per_task"]})
+    grid = np.full((len(tasks), len(fams)), np.nan)
+    labels = [["" for _ in fams] for _ in tasks]
+    for j, f in enumerate(fams):
+        for t in zoo["curves"][f]["per_task"]:
+            i = tasks.index(t["task_id"])
+            grid[i, j] = t["successes"] / max(1, t["episodes"])
+            labels[i][j] = f"{t['successes']}/{t['episodes']}"
+    fig = Figure(figsize=(1.6 + 1.3 * len(fams), 0.9 + 0.38 * len(tasks)), layout="constrained")
+    ax = fig.subplots()
+    im = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    for i in range(len(tasks)):
+        for j in range(len(fams)):
+            ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(fams)), fams)
+    ax.set_yticks(range(len(tasks)), [f"task {t}" for t in tasks])
+    ax.set_title("successes per task")
+    fig.colorbar(im, ax=ax, label="success rate")
+    return fig
+
+
+def promote(run_dir: str | os.PathLike, prefix: str = "zoo_cpu") -> list[Path]:
+    """Copy a finished zoo's ``zoo.json`` into ``logs/<prefix>.json`` (the chapter reads it and
+    draws its figures from it). An unfinished zoo is refused."""
+    zoo = load(run_dir)
+    if not zoo.get("finished"):
+        raise ConfigError(
+            f"{run_dir}: this zoo did not finish ({len(zoo['rows'])} of {len(zoo['config']['families'])} families); "
+            "rerun the zoo job with the same parameters (finished families are reused), then promote it"
+        )
+    dest = paths.LOGS / f"{prefix}.json"
+    atomic_write_json(dest, {**zoo, "promoted_from": paths.for_book(os.fspath(Path(run_dir)))})
+    return [dest]
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tutorial_utils zoo", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("table", help="print a zoo's comparison table")
+    t.add_argument("run", help="the zoo job's run directory, or a promoted logs/zoo_*.json")
+    p = sub.add_parser("promote", help="copy a finished zoo's results into logs/ for the chapter")
+    p.add_argument("run")
+    p.add_argument("--prefix", default="zoo_cpu")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "table":
+            print(text(load(args.run)))
+        else:
+            for f in promote(args.run, args.prefix):
+                print(f"promoted {f}")
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

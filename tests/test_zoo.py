@@ -1,0 +1,90 @@
+"""The model zoo comparison (tutorial_utils.zoo): families, budget, a real (tiny) zoo run through the
+train and evaluate jobs, its table, figures and promotion."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tutorial_utils import paths, zoo
+from tutorial_utils.errors import ConfigError
+
+
+def test_families_are_checked_with_a_teaching_error():
+    assert zoo.parse_families(" mini, act ") == ["mini", "act"]
+    with pytest.raises(ConfigError, match="'nosuch' is not in the zoo.*trainable families: .*act"):
+        zoo.parse_families("mini,nosuch")
+    with pytest.raises(ConfigError, match="'tdmpc' is not in the zoo.*reinforcement learning"):
+        zoo.parse_families("tdmpc")
+    with pytest.raises(ConfigError, match="twice"):
+        zoo.parse_families("act,act")
+    with pytest.raises(ConfigError, match="at least one"):
+        zoo.parse_families(" , ")
+
+
+def test_budget_turns_minutes_into_steps():
+    assert zoo.budget_steps(0.1, 10.0) == 6000
+    assert zoo.budget_steps(0.5, 10.0) == 1200
+    assert zoo.budget_steps(100.0, 0.5) == 20  # at least a few steps
+    with pytest.raises(ConfigError, match="must be > 0"):
+        zoo.budget_steps(0.1, 0)
+
+
+def test_calibrate_times_the_real_trainer(tmp_path):
+    t = zoo.calibrate("mini", "synthetic", batch_size=2, num_workers=0, steps=10, log_freq=2)
+    assert t["s_per_step"] > 0 and t["steps"] == 10 and t["wall_s"] > 0
+    with pytest.raises(RuntimeError, match="more steps than log_freq"):
+        zoo.calibrate("mini", "synthetic", batch_size=2, num_workers=0, steps=2, log_freq=5)
+
+
+@pytest.mark.slow
+def test_a_tiny_zoo_trains_evaluates_tabulates_and_promotes(tmp_path, runs_dir, monkeypatch):
+    """One family through the real train and evaluate jobs (2 steps, one 5-step episode in
+    LIBERO), its row, the figures, the reuse of both jobs, and promotion."""
+    monkeypatch.setattr(paths, "LOGS", tmp_path / "logs")
+    (tmp_path / "logs").mkdir()
+    kw = dict(families="mini", dataset="synthetic", steps=2, batch_size=2, max_steps=5, task_ids="0")
+    out = zoo.run(tmp_path / "zoo1", **kw)
+    (row,) = out["rows"]
+    assert out["finished"] and row["family"] == "mini" and row["steps"] == 2 and row["episodes"] == 1
+    assert row["requests"] >= 1 and row["round_trip_ms_p50"] > 0 and row["params_m"] > 0
+    assert row["ci95_low"] == 0.0 and 0.7 < row["ci95_high"] < 0.8  # Wilson for 0/1
+    assert out["curves"]["mini"]["train"] and out["curves"]["mini"]["per_task"][0]["episodes"] == 1
+    train_dir = paths.from_book(row["train_run"])
+    # the evaluation is attached to the training run's checkpoint
+    assert list((train_dir / "evaluations").glob("*/results.json"))
+    assert "mini" in zoo.text(out) and "0/1 (0%)" in zoo.text(out)
+    zoo.figure(out)
+    zoo.per_task_figure(out)
+    again = zoo.run(tmp_path / "zoo2", **kw)  # both jobs reused, same table
+    assert again["rows"][0]["reused"] and again["rows"][0]["train_run"] == row["train_run"]
+    (dest,) = zoo.promote(tmp_path / "zoo2", prefix="zoo_test")
+    assert json.loads(dest.read_text())["rows"][0]["family"] == "mini"
+    assert zoo.load(dest)["promoted_from"].endswith("zoo2")
+    data = json.loads((tmp_path / "zoo2" / zoo.ZOO_FILE).read_text())
+    (tmp_path / "zoo2" / zoo.ZOO_FILE).write_text(json.dumps({**data, "finished": False}))
+    with pytest.raises(ConfigError, match="did not finish"):
+        zoo.promote(tmp_path / "zoo2")
+
+
+def test_load_names_the_file_and_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="zoo.json: no zoo results here.*job run notebooks/jobs/zoo.md"):
+        zoo.load(tmp_path)
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not a zoo result"):
+        zoo.load(tmp_path / "x.json")
+    assert zoo.main(["table", str(tmp_path)]) == 1
+
+
+def test_the_catalog_matches_the_policy_registry():
+    """Every family the guide names is in the registry, and every registered family that trains or
+    names a GPU recipe is in the catalog (mlp is the book's own baseline, not a guide family)."""
+    from tutorial_utils import policies
+
+    cat = zoo.catalog()
+    registered = set(policies.available())
+    assert set(cat.index) <= registered
+    assert (set(policies.trainable()) | set(policies.gpu_server())) - {"mlp"} == set(cat.index)
+    assert set(cat.index[cat["in the comparison"]]) == set(zoo.FAMILIES)
+    assert cat.loc["smolvla", "GPU server"] and not cat.loc["smolvla", "trains here"]
