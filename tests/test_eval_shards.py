@@ -155,7 +155,8 @@ def _comparable(res):
     out.pop("parts", None)
     for t in out["tasks"]:
         for e in t["episodes"]:
-            e.pop("wall_s")
+            for key in ("wall_s", "round_trip_ms", "server_infer_ms"):
+                e.pop(key)
     return out
 
 
@@ -188,6 +189,13 @@ def test_two_shards_merge_to_the_one_process_run(tmp_path, fake_env, server, cap
             assert (dest / e["video"]).stat().st_size > 0 and e["video"].startswith("videos/")
     assert "server of shard 0" in (dest / "server.log").read_text()
     assert logs.diagnose(dest).signs["total success rate"]
+    # a run like any other: `job list` / `runs list` show it as a finished evaluation
+    status = json.loads((dest / "status.json").read_text())
+    assert status["job"] == "evaluate_merged" and status["state"] == "succeeded"
+    assert status["success_signs"]["episodes"] == one["total_episodes"] and len(status["parts"]) == 2
+    from tutorial_utils import jobs
+
+    assert jobs.run_state(status) == "succeeded"
 
 
 def test_merge_refuses_mismatched_missing_repeated_and_unfinished_parts(tmp_path, fake_env, server, capsys):

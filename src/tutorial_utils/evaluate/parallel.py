@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as _dt
 import json
 import os
 import shutil
@@ -237,9 +238,9 @@ def merge_dirs(run_dirs: list, out_dir: Any = None, ignore: tuple[str, ...] = ()
     parts = [_part(d) for d in dirs]
     task_ids, trials = S.plan_of(parts[0][1])
     merged = S.merge_results(parts, expected=S.episode_plan(task_ids, trials), ignore=ignore)
+    if out_dir is not None and ((Path(out_dir) / RESULTS_FILE).exists() or Path(out_dir).resolve() in dirs):
+        raise S.ShardError(f"{out_dir} already holds evaluation results: give --out a new directory")
     dest = jobs.ensure_run_dir(out_dir, "evaluate_merged")
-    if (dest / RESULTS_FILE).exists() or dest in dirs:
-        raise S.ShardError(f"{dest} already holds evaluation results: give --out a new directory")
     for d, (_, res) in zip(dirs, parts, strict=True):
         for task in res.get("tasks", []):
             for ep in task.get("episodes", []):
@@ -264,6 +265,19 @@ def merge_dirs(run_dirs: list, out_dir: Any = None, ignore: tuple[str, ...] = ()
         atomic_write_text(dest / SERVER_LOG, text)
     atomic_write_text(dest / eval_log_name(suite), "\n".join(S.render_log(merged)) + "\n")
     atomic_write_json(dest / RESULTS_FILE, merged)
+    now = _dt.datetime.now().isoformat(timespec="seconds")
+    jobs.update_status(  # a finished run like the parts: `job list` and `runs list` show it
+        dest,
+        job="evaluate_merged",
+        run_id=dest.name,
+        state="succeeded",
+        started=now,
+        finished=now,
+        wall_s=merged.get("wall_s"),
+        parts=[os.fspath(d) for d in dirs],
+        success_signs={"episodes": merged["total_episodes"], "merged parts": len(dirs)},
+        results=RESULTS_FILE,
+    )
     return dest, merged
 
 
