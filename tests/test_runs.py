@@ -304,6 +304,7 @@ def test_export_bundle_parity_verify_and_serve(tmp_path, source):
     bundle = tmp_path / "bundle"
     m = export(run / "checkpoints/last", bundle)
     assert m["family"] == "mlp" and m["step"] == 4 and m["parity"]["max_abs_diff"] <= 1e-6
+    assert m["parity"]["data"] == "a seeded random batch"  # an in-memory source: no dataset on disk
     assert set(m["files"]) == {"model.safetensors", "config.json", "dataset_statistics.json"}
     assert m["packages"]["torch"] and m["schema"]["served"]["output"]["actions"]["shape"] == [8, 7]
     assert "val_action_mae" in m["metrics"]
@@ -329,6 +330,22 @@ def test_export_bundle_parity_verify_and_serve(tmp_path, source):
     (bad / "dataset_statistics.json").write_bytes(bytes(data))
     with pytest.raises(BundleError, match=r"dataset_statistics\.json changed \(sha256"):
         verify(bad)
+
+
+def test_export_parity_runs_on_the_runs_validation_episodes(tmp_path):
+    """A run trained on a dataset folder: parity is checked on frames of its held-out episodes,
+    the same windows its validation reads, and the manifest says so."""
+    from tutorial_utils.runs.export import validation_batch
+    from tutorial_utils.train.job import resolve_dataset
+
+    root = resolve_dataset("synthetic", tmp_path)
+    run = tmp_path / "v"
+    train(TrainConfig.from_overrides({**BASE, "output_dir": str(run), "dataset": str(root), "steps": 2}))
+    m = export(run / "checkpoints/last", tmp_path / "bundle")
+    assert "validation episodes of dataset" in m["parity"]["data"] and m["parity"]["max_abs_diff"] <= 1e-6
+    batch, what = validation_batch(run / "checkpoints/last", policies.load(run / "checkpoints/last"), n=3)
+    assert what.startswith("3 frames of the 1 validation episodes") and len(batch["task"]) == 3
+    assert validation_batch(tmp_path / "bundle", policies.load(tmp_path / "bundle")) is None  # not in a run
 
 
 def test_cli(tmp_path, source, capsys):

@@ -89,6 +89,35 @@ def example_batch(model, n: int = 4, seed: int = 0) -> dict[str, Any]:
     }
 
 
+def validation_batch(checkpoint: str | os.PathLike, model, n: int = 8) -> tuple[dict, str] | None:
+    """``(batch, description)``: ``n`` evenly spaced frames of the held-out validation episodes
+    of the dataset ``checkpoint``'s run trained on (split as the trainer splits it, windows as
+    its validation reads them), in ``model``'s input schema; None when the checkpoint is not in
+    a run or the run's dataset is not on this machine (a bundle exported elsewhere)."""
+    import numpy as np
+
+    from tutorial_utils.train.data import WindowDataset, collate, open_dataset, split_episodes
+    from tutorial_utils.train.loop import CONFIG_FILE
+
+    src = Path(checkpoint)
+    src = src.resolve() if src.is_symlink() else src
+    run = src.parent.parent if src.parent.name == ck.CHECKPOINTS_DIR else None
+    train = (_json(run / CONFIG_FILE).get("train") or {}) if run else {}
+    dataset = train.get("dataset")
+    if not dataset or not (Path(dataset) / "meta" / "info.json").is_file():
+        return None
+    source = open_dataset(dataset, run_dir=None)
+    if hasattr(model, "training_source"):  # the windows the family validates on (TD-MPC)
+        source = model.training_source(source)
+    _, val_idx, val_eps = split_episodes(source.frame_episode, float(train.get("val_fraction", 0.1)))
+    if len(val_idx) == 0:
+        return None
+    pick = val_idx[np.linspace(0, len(val_idx) - 1, min(n, len(val_idx))).round().astype(int)]
+    ds = WindowDataset(source, pick, model.action_horizon, model.image_size)
+    what = f"{len(pick)} frames of the {len(val_eps)} validation episodes of {Path(dataset).name}"
+    return collate([ds[int(i)] for i in pick]), what
+
+
 def _predict(model, batch: dict, seed: int):
     import numpy as np
     import torch
@@ -180,7 +209,9 @@ def export(
 ) -> dict[str, Any]:
     """Write ``checkpoint`` (a checkpoint directory: ``runs/<id>/checkpoints/last``, ``best``, a
     ``step_*``, another bundle) as a bundle at ``dest`` and return its manifest. ``batch`` is
-    the parity batch (a validation batch in LeRobot key names; default :func:`example_batch`)."""
+    the parity batch in LeRobot key names; by default frames of the run's validation episodes
+    (:func:`validation_batch`), else :func:`example_batch` where the run's dataset is not here.
+    The manifest's ``parity.data`` says which."""
     from tutorial_utils import policies
     from tutorial_utils.policies.checkpoint import read_checkpoint_config
 
@@ -202,12 +233,16 @@ def export(
         for name in BUNDLE_FILES:
             shutil.copyfile(src / name, tmp / name)
         bundled = policies.load(tmp)  # the weights are checked against config.json's sha256 on load
+        what = "the caller's batch"
+        if batch is None:
+            found = validation_batch(src, source_model)
+            batch, what = found if found else (example_batch(source_model, seed=seed), "a seeded random batch")
         check = parity(source_model, bundled, batch, seed)
-        check["tolerance"] = tolerance
+        check.update(tolerance=tolerance, data=what)
         if not check["max_abs_diff"] <= tolerance:
             raise ExportError(
                 f"parity check failed: the bundle's actions differ from {src}'s by {check['max_abs_diff']:.3g} "
-                f"(tolerance {tolerance:g}) on a seeded batch; nothing was written to {out}."
+                f"(tolerance {tolerance:g}) on {what}; nothing was written to {out}."
             )
         manifest = {
             "format": BUNDLE_FORMAT,
