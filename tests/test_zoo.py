@@ -88,3 +88,36 @@ def test_the_catalog_matches_the_policy_registry():
     assert (set(policies.trainable()) | set(policies.gpu_server())) - {"mlp"} == set(cat.index)
     assert set(cat.index[cat["in the comparison"]]) == set(zoo.FAMILIES)
     assert cat.loc["smolvla", "GPU server"] and not cat.loc["smolvla", "trains here"]
+
+
+def test_sweep_values_are_typed_and_checked():
+    assert zoo.parse_values("mini", "optimizer_lr", "1e-4, 3e-4") == [1e-4, 3e-4]
+    assert zoo.parse_values("mlp", "hidden_dim", "32,64") == [32, 64]  # a family's own parameter
+    with pytest.raises(ConfigError, match="'chunk_size' is not a training parameter of policy='mini'"):
+        zoo.parse_values("mini", "chunk_size", "8,16")
+    with pytest.raises(ConfigError, match="at least two different values"):
+        zoo.parse_values("mini", "optimizer_lr", "1e-4,1e-4")
+    with pytest.raises(ConfigError, match="optimizer_lr"):
+        zoo.parse_values("mini", "optimizer_lr", "fast,slow")
+    with pytest.raises(ConfigError, match="not a training parameter"):
+        zoo.parse_values("mini", "dataset", "a,b")
+
+
+@pytest.mark.slow
+def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_dir, monkeypatch):
+    monkeypatch.setattr(paths, "LOGS", tmp_path / "logs")
+    (tmp_path / "logs").mkdir()
+    out = zoo.sweep(
+        tmp_path / "sw", param="hidden_dim", values="16,32", policy="mlp", steps=2, eval_freq=1,
+        batch_size=2, max_steps=5,
+    )  # fmt: skip
+    assert out["finished"] and [r["value"] for r in out["rows"]] == [16, 32] and out["best"] in out["curves"]
+    b = out["bundle"]
+    assert b["parity"]["max_abs_diff"] == 0.0 and "validation episodes" in b["parity"]["data"]
+    assert b["episodes"] == 1 and b["requests"] >= 1 and "model.safetensors" in b["files"]
+    assert (tmp_path / "sw" / "bundle" / "manifest.json").is_file()
+    text = zoo.text(out)
+    assert "hidden_dim=16" in text and "bundle of hidden_dim=" in text and "mlp, 2 values of hidden_dim" in text
+    zoo.figure(out)
+    (dest,) = zoo.promote(tmp_path / "sw")
+    assert dest.name == "sweep_cpu.json" and zoo.load(dest)["kind"] == "sweep"

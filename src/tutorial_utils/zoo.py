@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -345,6 +346,66 @@ def _curves(train_dir: Path, results: dict) -> dict[str, Any]:
     }
 
 
+def _positive(**values: int) -> None:
+    for key, value in values.items():
+        if int(value) < 1:
+            raise ConfigError(f"{key}={value} must be >= 1")
+
+
+def _eval_params(suite: str, task_ids: str, trials_per_task: int, workers: int, max_steps: int | None) -> dict:
+    """The evaluate job's parameters every compared run is evaluated with (same client seed)."""
+    out: dict[str, Any] = {
+        "suite": suite,
+        "task_ids": task_ids,
+        "trials_per_task": trials_per_task,
+        "seed": 7,
+        "workers": workers,
+    }
+    if max_steps is not None:
+        out["max_steps"] = int(max_steps)
+    return out
+
+
+def _train_and_evaluate(
+    label: str, train_params: dict, ev_params: dict, echo: bool, timing: dict | None = None, budget: dict | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The train job, then the evaluate job on its ``best`` checkpoint (both reused when they
+    finished before with the same parameters); the results attached to the run and its health
+    recorded. Returns the table row and the curves of this run."""
+    from tutorial_utils.runs import health
+    from tutorial_utils.runs.checkpoints import attach_results
+
+    fam = train_params["policy"]
+    tr = jobs.run_notebook(paths.JOBS / "train.md", train_params, reuse=True, echo=echo)
+    status = jobs.read_status(tr.run_dir).get("train") or {}
+    ckpt = status.get("best_checkpoint") or status.get("last_checkpoint")
+    if not ckpt:
+        raise RuntimeError(f"{tr.run_dir}: the {label} training left no checkpoint to evaluate")
+    ev = jobs.run_notebook(
+        paths.JOBS / "evaluate.md", {"policy": fam, "checkpoint": ckpt, **ev_params}, reuse=True, echo=echo
+    )
+    attach_results(tr.run_dir, Path(ckpt).name, ev.run_dir / "results.json")
+    diagnosis = health.diagnose(tr.run_dir)  # now with the success rate (the "loss falls, success 0" checklist)
+    health.record(tr.run_dir, diagnosis=diagnosis)
+    results = json.loads((ev.run_dir / "results.json").read_text(encoding="utf-8"))
+    row = _family_row(fam, tr.run_dir, ev.run_dir, timing, budget or {})
+    row.update(
+        label=label,
+        checkpoint=Path(ckpt).name,
+        reused=bool(tr.reused and ev.reused),
+        health=[f.code for f in diagnosis.findings if f.severity != "info"],
+    )
+    return row, _curves(tr.run_dir, results)
+
+
+def _say(row: dict) -> None:
+    print(
+        f"[zoo] {row['label']}: {row['successes']}/{row['episodes']} episodes "
+        f"({100 * (row['success_rate'] or 0):.0f}%), {row['steps']} steps in {row['train_min']} min",
+        flush=True,
+    )
+
+
 def run(
     run_dir: str | os.PathLike,
     families: str = ",".join(FAMILIES),
@@ -366,15 +427,11 @@ def run(
     """The comparison (see the module docstring): ``train_minutes > 0`` is the CPU budget of
     each family (turned into steps by timing it); ``0`` trains every family ``steps`` steps.
     Writes and returns ``zoo.json``'s content."""
-    from tutorial_utils.runs import health
-    from tutorial_utils.runs.checkpoints import attach_results
-
     names = parse_families(families)
-    for key, value in (("trials_per_task", trials_per_task), ("workers", workers), ("batch_size", batch_size)):
-        if int(value) < 1:
-            raise ConfigError(f"{key}={value} must be >= 1")
+    _positive(trials_per_task=trials_per_task, workers=workers, batch_size=batch_size)
     run_dir = Path(run_dir)
     out: dict[str, Any] = {
+        "kind": "zoo",
         "config": {
             "families": names,
             "dataset": dataset,
@@ -395,6 +452,7 @@ def run(
         "curves": {},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    ev_params = _eval_params(suite, task_ids, trials_per_task, workers, max_steps)
     for fam in names:
         t0 = time.time()
         budget: dict[str, Any] = {"load": _load()}
@@ -425,45 +483,142 @@ def run(
         }
         if train_minutes > 0:  # a safety net past the budget (the steps should end first)
             train_params["time_limit_min"] = round(1.5 * train_minutes, 2)
-        tr = jobs.run_notebook(paths.JOBS / "train.md", train_params, reuse=True, echo=echo)
-        status = jobs.read_status(tr.run_dir).get("train") or {}
-        ckpt = status.get("best_checkpoint") or status.get("last_checkpoint")
-        if not ckpt:
-            raise RuntimeError(f"{tr.run_dir}: the {fam} training left no checkpoint to evaluate")
-        ev_params: dict[str, Any] = {
-            "policy": fam,
-            "checkpoint": ckpt,
-            "suite": suite,
-            "task_ids": task_ids,
-            "trials_per_task": trials_per_task,
-            "seed": 7,
-            "workers": workers,
-        }
-        if max_steps is not None:
-            ev_params["max_steps"] = int(max_steps)
-        ev = jobs.run_notebook(paths.JOBS / "evaluate.md", ev_params, reuse=True, echo=echo)
-        attach_results(tr.run_dir, Path(ckpt).name, ev.run_dir / "results.json")
-        diagnosis = health.diagnose(tr.run_dir)  # now with the success rate (the "loss falls, success 0" checklist)
-        health.record(tr.run_dir, diagnosis=diagnosis)
-        results = json.loads((ev.run_dir / "results.json").read_text(encoding="utf-8"))
-        row = _family_row(fam, tr.run_dir, ev.run_dir, timing, budget)
-        row.update(
-            checkpoint=Path(ckpt).name,
-            reused=bool(tr.reused and ev.reused),
-            zoo_s=round(time.time() - t0, 1),
-            health=[f.code for f in diagnosis.findings if f.severity != "info"],
-        )
+        row, curves = _train_and_evaluate(fam, train_params, ev_params, echo, timing, budget)
+        row["zoo_s"] = round(time.time() - t0, 1)
         out["rows"].append(row)
-        out["curves"][fam] = _curves(tr.run_dir, results)
+        out["curves"][fam] = curves
         out["finished"] = False
         atomic_write_json(run_dir / ZOO_FILE, out)  # a partial table survives an interruption
-        print(
-            f"[zoo] {fam}: {row['successes']}/{row['episodes']} episodes "
-            f"({100 * row['success_rate']:.0f}%), {row['steps']} steps in {row['train_min']} min",
-            flush=True,
-        )
+        _say(row)
     out["finished"] = True
     atomic_write_json(run_dir / ZOO_FILE, out)
+    return out
+
+
+# --- a sweep: one family, one parameter, several values ---------------------------------------------
+
+SWEEP_FILE = "sweep.json"
+
+
+def parse_values(policy: str, param: str, values: str) -> list[Any]:
+    """``"1e-4,3e-4"`` as values of the training parameter ``param`` (a :class:`TrainConfig` name
+    or one of ``policy``'s own), each converted to the parameter's type; a clear error for an
+    unknown parameter, a bad value or fewer than two values."""
+    import dataclasses
+
+    from tutorial_utils import params, policies
+    from tutorial_utils.train.config import TrainConfig
+
+    cls = next(
+        (
+            c
+            for c in (TrainConfig, policies.family(policy).config_class)
+            if param in {f.name for f in dataclasses.fields(c)}
+        ),
+        None,
+    )
+    if cls is None or param in ("policy", "dataset", "output_dir", "run_id", "resume"):
+        raise ConfigError(
+            f"param={param!r} is not a training parameter of policy={policy!r} that a sweep can vary; "
+            f"see `python -m tutorial_utils train --list-params policy={policy}`"
+        )
+    out = [params.coerce(cls, param, v.strip(), key=param) for v in str(values).split(",") if v.strip()]
+    if len(out) < 2 or len(set(map(repr, out))) != len(out):
+        raise ConfigError(f"values={values!r}: give at least two different values of {param}, comma-separated")
+    return out
+
+
+def sweep(
+    run_dir: str | os.PathLike,
+    param: str = "optimizer_lr",
+    values: str = "1e-4,1e-3",
+    policy: str = "mini",
+    dataset: str = "synthetic",
+    steps: int = 2,
+    batch_size: int = 8,
+    eval_freq: int = 0,
+    log_freq: int = 1,
+    num_workers: int = 0,
+    seed: int = 42,
+    suite: str = "libero_spatial",
+    task_ids: str = "0",
+    trials_per_task: int = 1,
+    max_steps: int | None = None,
+    workers: int = 1,
+    echo: bool = False,
+) -> dict[str, Any]:
+    """Train ``policy`` once per value of ``param`` (everything else equal), evaluate each run's
+    ``best`` checkpoint on the same episodes, pick the best run (success rate, then validation
+    error), export its checkpoint as a bundle (parity checked), and evaluate the bundle through
+    the policy server as a deployment would. Writes and returns ``sweep.json``'s content."""
+    from tutorial_utils.evaluate.loop import latency_summary
+    from tutorial_utils.runs import export
+    from tutorial_utils.runs.checkpoints import wilson
+
+    vals = parse_values(policy, param, values)
+    _positive(trials_per_task=trials_per_task, workers=workers, batch_size=batch_size, steps=steps)
+    run_dir = Path(run_dir)
+    ev_params = _eval_params(suite, task_ids, trials_per_task, workers, max_steps)
+    base = {
+        "policy": policy,
+        "dataset": dataset,
+        "steps": steps,
+        "batch_size": batch_size,
+        "eval_freq": eval_freq,
+        "log_freq": log_freq,
+        "save_freq": eval_freq,
+        "num_workers": num_workers,
+        "seed": seed,
+        "freeze_modules": "",
+    }
+    out: dict[str, Any] = {
+        "kind": "sweep",
+        "config": {**base, "param": param, "values": vals, **ev_params, "cpu_count": os.cpu_count()},
+        "rows": [],
+        "curves": {},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "finished": False,
+    }
+    for v in vals:
+        label = f"{param}={v}"
+        print(f"[zoo] {label}: {policy}, {steps} steps", flush=True)
+        row, curves = _train_and_evaluate(label, {**base, param: v}, ev_params, echo, budget={"load": _load()})
+        row["value"] = v
+        out["rows"].append(row)
+        out["curves"][label] = curves
+        atomic_write_json(run_dir / SWEEP_FILE, out)
+        _say(row)
+    best = max(out["rows"], key=lambda r: (r["success_rate"] or 0.0, -(r["best_val_action_mae"] or math.inf)))
+    source = paths.from_book(best["train_run"]) / "checkpoints" / best["checkpoint"]
+    bundle = run_dir / "bundle"
+    manifest = export.verify(bundle) if (bundle / export.MANIFEST_FILE).is_file() else export.export(source, bundle)
+    ev = jobs.run_notebook(
+        paths.JOBS / "evaluate.md", {"policy": policy, "checkpoint": os.fspath(bundle), **ev_params}, echo=echo
+    )
+    results = json.loads((ev.run_dir / "results.json").read_text(encoding="utf-8"))
+    n, k = int(results["total_episodes"]), int(results["total_successes"])
+    out["best"] = best["label"]
+    out["bundle"] = {
+        "from": best["label"],
+        "path": paths.for_book(os.fspath(bundle)),
+        "step": manifest["step"],
+        "parity": manifest["parity"],
+        "files": {name: f["bytes"] for name, f in manifest["files"].items()},
+        "episodes": n,
+        "successes": k,
+        "success_rate": k / n if n else None,
+        "ci95": wilson(k, n),
+        **latency_summary(results),
+        "eval_run": paths.for_book(os.fspath(ev.run_dir)),
+    }
+    out["finished"] = True
+    atomic_write_json(run_dir / SWEEP_FILE, out)
+    b = out["bundle"]
+    print(
+        f"[zoo] bundle of {b['from']} (step {b['step']}, parity {b['parity']['max_abs_diff']:.2g}): "
+        f"{k}/{n} episodes through the policy server",
+        flush=True,
+    )
     return out
 
 
@@ -471,9 +626,14 @@ def run(
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
-    """A zoo's results: ``zoo.json`` in a run directory, or a promoted ``logs/zoo_*.json``."""
+    """A zoo's or a sweep's results: ``zoo.json`` / ``sweep.json`` in a run directory, or a
+    promoted ``logs/*.json``."""
     p = Path(path)
-    f = p / ZOO_FILE if p.is_dir() else p
+    f = (
+        (p / ZOO_FILE if (p / ZOO_FILE).is_file() or not (p / SWEEP_FILE).is_file() else p / SWEEP_FILE)
+        if p.is_dir()
+        else p
+    )
     if not f.is_file():
         raise FileNotFoundError(
             f"{f}: no zoo results here. Run the zoo job (python -m tutorial_utils job run notebooks/jobs/zoo.md) "
@@ -499,22 +659,28 @@ TABLE_COLUMNS = (
 )
 
 
+def _label(r: dict) -> str:
+    return r.get("label") or r["family"]
+
+
 def table(zoo: dict[str, Any]):
-    """The comparison as a pandas DataFrame indexed by family (success as k/n and rate, the
-    Wilson interval as text), best success rate first."""
+    """The comparison as a pandas DataFrame indexed by family (a sweep: by its runs' values;
+    success as k/n and rate, the Wilson interval as text), best success rate first."""
     import pandas as pd
 
     rows = []
+    index = "run" if zoo.get("kind") == "sweep" else "family"
     for r in sorted(zoo["rows"], key=lambda r: -(r["success_rate"] or 0.0)):
         ci = f"[{100 * r['ci95_low']:.0f}%, {100 * r['ci95_high']:.0f}%]" if r.get("ci95_low") is not None else "-"
         rows.append(
             {
-                **{k: r.get(k) for k in TABLE_COLUMNS if k not in ("success", "ci95")},
+                **{k: r.get(k) for k in TABLE_COLUMNS if k not in ("success", "ci95", "family")},
+                "family": r["family"] if index == "family" else _label(r),
                 "success": f"{r['successes']}/{r['episodes']} ({100 * (r['success_rate'] or 0):.0f}%)",
                 "ci95": ci,
             }
         )
-    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).set_index("family")
+    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).set_index("family").rename_axis(index)
 
 
 def text(zoo: dict[str, Any]) -> str:
@@ -522,13 +688,25 @@ def text(zoo: dict[str, Any]) -> str:
     import pandas as pd
 
     c = zoo["config"]
-    budget = f"{c['train_minutes']} min of training each" if c["train_minutes"] else f"{c['steps']} steps each"
+    if zoo.get("kind") == "sweep":
+        what = f"{c['policy']}, {len(zoo['rows'])} values of {c['param']}, {c['steps']} steps each"
+    else:
+        budget = f"{c['train_minutes']} min of training each" if c["train_minutes"] else f"{c['steps']} steps each"
+        what = f"{len(zoo['rows'])} families, {budget}"
     head = (
-        f"{len(zoo['rows'])} families, {budget}, batch {c['batch_size']}, dataset {c['dataset']}; evaluated on "
+        f"{what}, batch {c['batch_size']}, dataset {c['dataset']}; evaluated on "
         f"{c['suite']} tasks {c['task_ids']} x {c['trials_per_task']} trials (seed 7, {c['workers']} client workers)"
     )
     with pd.option_context("display.width", 220, "display.max_columns", 20):
-        return head + "\n" + table(zoo).to_string()
+        out = head + "\n" + table(zoo).to_string()
+    if b := zoo.get("bundle"):
+        lo, hi = b["ci95"] or (0.0, 0.0)
+        out += (
+            f"\nbundle of {b['from']} (step {b['step']}, parity {b['parity']['max_abs_diff']:.2g} on "
+            f"{b['parity'].get('data', 'a batch')}): {b['successes']}/{b['episodes']} "
+            f"[{100 * lo:.0f}%, {100 * hi:.0f}%] through the policy server, round trip p50 {b['round_trip_ms_p50']} ms"
+        )
+    return out
 
 
 def figure(zoo: dict[str, Any]):
@@ -538,17 +716,17 @@ def figure(zoo: dict[str, Any]):
 
     from tutorial_utils.runs.compare import ema
 
-    fams = [r["family"] for r in zoo["rows"]]
+    fams = [_label(r) for r in zoo["rows"]]
     colors = {f: f"C{i % 10}" for i, f in enumerate(fams)}
     fig = Figure(figsize=(13, 3.8), layout="constrained")
     ax_sr, ax_loss, ax_val = fig.subplots(1, 3)
     for i, r in enumerate(zoo["rows"]):
         p = r["success_rate"] or 0.0
         lo, hi = (r.get("ci95_low") or 0.0), (r.get("ci95_high") or 0.0)
-        ax_sr.bar(i, 100 * p, color=colors[r["family"]])
+        ax_sr.bar(i, 100 * p, color=colors[_label(r)])
         ax_sr.errorbar(i, 100 * p, yerr=[[100 * (p - lo)], [100 * (hi - p)]], color="black", capsize=4)
         ax_sr.text(i, 100 * hi + 2, f"{r['successes']}/{r['episodes']}", ha="center", fontsize=8)
-    ax_sr.set_xticks(range(len(fams)), fams)
+    ax_sr.set_xticks(range(len(fams)), fams, fontsize=8 if len(fams) < 5 else 7)
     ax_sr.set(title="LIBERO success rate (95% Wilson interval)", ylabel="%", ylim=(0, 110))
     for fam, cur in zoo["curves"].items():
         if cur["train"]:
@@ -559,6 +737,8 @@ def figure(zoo: dict[str, Any]):
             s, v = zip(*cur["val"], strict=True)
             ax_val.plot(s, v, color=colors.get(fam), marker="o", ms=3, lw=1.4, label=fam)
     ax_loss.set(title="training loss (each family's own objective)", xlabel="step", yscale="log")
+    if zoo.get("kind") == "sweep":
+        ax_loss.set_title("training loss (EMA-smoothed)")
     ax_val.set(title="validation action error (lower is better)", xlabel="step")
     for ax in (ax_loss, ax_val):
         ax.grid(alpha=0.3)
@@ -572,7 +752,7 @@ def per_task_figure(zoo: dict[str, Any]):
     import numpy as np
     from matplotlib.figure import Figure
 
-    fams = [r["family"] for r in zoo["rows"]]
+    fams = [_label(r) for r in zoo["rows"]]
     tasks = sorted({t["task_id"] for f in fams for t in zoo["curves"][f]["per_task"]})
     grid = np.full((len(tasks), len(fams)), np.nan)
     labels = [["" for _ in fams] for _ in tasks]
@@ -594,15 +774,19 @@ def per_task_figure(zoo: dict[str, Any]):
     return fig
 
 
-def promote(run_dir: str | os.PathLike, prefix: str = "zoo_cpu") -> list[Path]:
-    """Copy a finished zoo's ``zoo.json`` into ``logs/<prefix>.json`` (the chapter reads it and
-    draws its figures from it). An unfinished zoo is refused."""
+def promote(run_dir: str | os.PathLike, prefix: str | None = None) -> list[Path]:
+    """Copy a finished zoo's ``zoo.json`` (or a sweep's ``sweep.json``) into ``logs/<prefix>.json``
+    (the chapters read it and draw their figures from it). An unfinished one is refused."""
     zoo = load(run_dir)
     if not zoo.get("finished"):
+        planned = zoo["config"].get("families") or zoo["config"].get("values") or []
         raise ConfigError(
-            f"{run_dir}: this zoo did not finish ({len(zoo['rows'])} of {len(zoo['config']['families'])} families); "
-            "rerun the zoo job with the same parameters (finished families are reused), then promote it"
+            f"{run_dir}: this run did not finish ({len(zoo['rows'])} of {len(planned)} trained and evaluated); "
+            "rerun its job with the same parameters (finished trainings and evaluations are reused), then promote it"
         )
+    if prefix is None:  # zoo_cpu.json, sweep_gpu.json...: the kind and the profile the job ran in
+        profile = jobs.read_status(run_dir).get("profile") if Path(run_dir).is_dir() else None
+        prefix = f"{zoo.get('kind', 'zoo')}_{profile or 'cpu'}"
     dest = paths.LOGS / f"{prefix}.json"
     atomic_write_json(dest, {**zoo, "promoted_from": paths.for_book(os.fspath(Path(run_dir)))})
     return [dest]
@@ -612,10 +796,10 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m tutorial_utils zoo", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("table", help="print a zoo's comparison table")
-    t.add_argument("run", help="the zoo job's run directory, or a promoted logs/zoo_*.json")
-    p = sub.add_parser("promote", help="copy a finished zoo's results into logs/ for the chapter")
+    t.add_argument("run", help="the zoo or sweep job's run directory, or a promoted logs/*.json")
+    p = sub.add_parser("promote", help="copy a finished zoo's or sweep's results into logs/ for the chapters")
     p.add_argument("run")
-    p.add_argument("--prefix", default="zoo_cpu")
+    p.add_argument("--prefix", default=None, help="the file name in logs/ (default: <zoo|sweep>_<profile>)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "table":
