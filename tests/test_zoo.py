@@ -121,3 +121,28 @@ def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_d
     zoo.figure(out)
     (dest,) = zoo.promote(tmp_path / "sw")
     assert dest.name == "sweep_cpu.json" and zoo.load(dest)["kind"] == "sweep"
+
+
+@pytest.mark.parametrize("job", ["zoo.md", "sweep.md"])
+def test_full_size_profiles_evaluate_whole_episodes(job):
+    """`pick(ci=20, cpu=None)` would give the cpu profile the ci's 20-step episodes (None falls
+    back to ci): the full-size profiles must run episodes to the suite's limit (0)."""
+    from tutorial_utils import jobs
+
+    nb = jobs.read_notebook(paths.JOBS / job)
+    assert jobs.default_parameters(nb, profile="ci")["max_steps"] > 0
+    for profile in ("cpu", "gpu"):
+        assert jobs.default_parameters(nb, profile=profile)["max_steps"] == 0
+
+
+def test_a_rerun_reuses_the_earlier_budget(runs_dir):
+    """Calibration never repeats exactly; a rerun of an interrupted zoo finds the steps of the
+    finished training with the same budget and data (same profile) and reuses them."""
+    params = {"policy": "act", "dataset": "d", "batch_size": 16, "num_workers": 1, "seed": 42, "time_limit_min": 15.0}
+    for name, extra, state in (("a", {"steps": 777}, "succeeded"), ("b", {"steps": 999}, "failed")):
+        (runs_dir / name).mkdir(parents=True)
+        status = {"job": "train", "state": state, "profile": "ci", "parameters": {**params, **extra}}
+        (runs_dir / name / "status.json").write_text(json.dumps(status))
+    assert zoo._budgeted_before("act", "d", 16, 1, 42, 10.0) == (777, {"reused_budget_of": "a"})
+    assert zoo._budgeted_before("act", "d", 16, 1, 42, 20.0) is None  # another budget
+    assert zoo._budgeted_before("diffusion", "d", 16, 1, 42, 10.0) is None

@@ -290,6 +290,32 @@ def budget_steps(s_per_step: float, minutes: float, lo: int = 20, hi: int = 200_
     return int(max(lo, min(hi, round(60.0 * minutes / s_per_step))))
 
 
+def _budgeted_before(
+    fam: str, dataset: str, batch_size: int, num_workers: int, seed: int, minutes: float
+) -> tuple[int, dict] | None:
+    """``(steps, timing)`` of a finished zoo training of ``fam`` with the same budget and data in
+    this profile (its steps came from a calibration, which never repeats exactly): rerunning an
+    interrupted zoo then reuses that training instead of calibrating again and training anew."""
+    from tutorial_utils import profiles
+
+    want = {
+        "policy": fam,
+        "dataset": dataset,
+        "batch_size": batch_size,
+        "num_workers": num_workers,
+        "seed": seed,
+        "time_limit_min": round(1.5 * minutes, 2),
+    }
+    for row in reversed(jobs.list_runs()):
+        if row["job"] != "train" or row["state"] != "succeeded" or row["profile"] != profiles.current():
+            continue
+        st = jobs.read_status(paths.RUNS / row["run_id"])
+        got = st.get("parameters") or {}
+        if all(got.get(k) == v for k, v in want.items()) and isinstance(got.get("steps"), int):
+            return got["steps"], {"reused_budget_of": row["run_id"]}
+    return None
+
+
 def _load() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -361,7 +387,7 @@ def _eval_params(suite: str, task_ids: str, trials_per_task: int, workers: int, 
         "seed": 7,
         "workers": workers,
     }
-    if max_steps is not None:
+    if max_steps:  # 0 or None: the suite's own limit
         out["max_steps"] = int(max_steps)
     return out
 
@@ -459,12 +485,22 @@ def run(
         timing = None
         fam_steps = int(steps)
         if train_minutes > 0:
-            timing = calibrate(fam, dataset, batch_size, num_workers)
-            fam_steps = budget_steps(timing["s_per_step"], train_minutes)
+            earlier = _budgeted_before(fam, dataset, batch_size, num_workers, seed, train_minutes)
+            if earlier:  # a rerun continues with the earlier budget's steps (and reuses that training)
+                fam_steps, timing = earlier
+            else:
+                timing = calibrate(fam, dataset, batch_size, num_workers)
+                fam_steps = budget_steps(timing["s_per_step"], train_minutes)
             budget.update(timing=timing, steps=fam_steps)
         print(
             f"[zoo] {fam}: {fam_steps} steps"
-            + (f" ({train_minutes} min at {timing['s_per_step']} s/step, load {budget['load']})" if timing else ""),
+            + (
+                f" ({train_minutes} min at {timing['s_per_step']} s/step, load {budget['load']})"
+                if timing and "s_per_step" in timing
+                else f" (the budget of {timing['reused_budget_of']})"
+                if timing
+                else ""
+            ),
             flush=True,
         )
         train_params: dict[str, Any] = {
