@@ -69,6 +69,18 @@ FACTS: dict[str, dict[str, Any]] = {
     "dit4dit_success_libero_goal": {"value": 99.2, "unit": "%", "source": _DIT4DIT_README},
     "dit4dit_success_libero_10": {"value": 96.6, "unit": "%", "source": _DIT4DIT_README},
     "dit4dit_trials_per_task": {"value": 50, "unit": "trials per task", "source": _DIT4DIT_README},
+    # --- other policies' published LIBERO results (reference points for the model zoo) -----------
+    "diffusion_policy_scratch_success_libero_spatial": {
+        "value": 78.3,
+        "unit": "%",
+        "source": "OpenVLA paper (Kim et al. 2024), LIBERO table: Diffusion Policy from scratch, libero_spatial; "
+        "issue 16",
+    },
+    "openvla_success_libero_spatial": {
+        "value": 84.7,
+        "unit": "%",
+        "source": "OpenVLA paper (Kim et al. 2024), LIBERO table: OpenVLA fine-tuned, libero_spatial; issue 16",
+    },
     "dit4dit_extract_layer": {
         "value": 17,
         "unit": "layer (block) index",
