@@ -304,7 +304,7 @@ def _budgeted_before(
         "batch_size": batch_size,
         "num_workers": num_workers,
         "seed": seed,
-        "time_limit_min": round(1.5 * minutes, 2),
+        "time_limit_min": _safety_limit(minutes),
     }
     for row in reversed(jobs.list_runs()):
         if row["job"] != "train" or row["state"] != "succeeded" or row["profile"] != profiles.current():
@@ -323,15 +323,29 @@ def _load() -> float | None:
         return None
 
 
-def _family_row(fam: str, train_dir: Path, eval_dir: Path, timing: dict | None, budget: dict) -> dict[str, Any]:
-    """One row of the table from the family's training and evaluation run directories."""
+def _outcome(results: dict) -> dict[str, Any]:
+    """An evaluation's episodes, successes, success rate with its Wilson interval, and the
+    policy server's latency (:func:`tutorial_utils.evaluate.loop.latency_summary`)."""
     from tutorial_utils.evaluate.loop import latency_summary
     from tutorial_utils.runs.checkpoints import wilson
 
-    summary = json.loads((train_dir / "summary.json").read_text(encoding="utf-8"))
-    results = json.loads((eval_dir / "results.json").read_text(encoding="utf-8"))
     n, k = int(results["total_episodes"]), int(results["total_successes"])
     lo, hi = wilson(k, n) or (None, None)
+    return {
+        "episodes": n,
+        "successes": k,
+        "success_rate": k / n if n else None,
+        "ci95_low": lo,
+        "ci95_high": hi,
+        **latency_summary(results),
+    }
+
+
+def _family_row(
+    fam: str, train_dir: Path, eval_dir: Path, results: dict, timing: dict | None, load: float | None
+) -> dict[str, Any]:
+    """One row of the table from the family's training run and its evaluation's results."""
+    summary = json.loads((train_dir / "summary.json").read_text(encoding="utf-8"))
     best = summary.get("best") or {}
     return {
         "family": fam,
@@ -344,14 +358,9 @@ def _family_row(fam: str, train_dir: Path, eval_dir: Path, timing: dict | None, 
         "last_loss": summary.get("last_loss"),
         "best_val_action_mae": best.get("val_action_mae"),
         "best_step": best.get("step"),
-        "episodes": n,
-        "successes": k,
-        "success_rate": k / n if n else None,
-        "ci95_low": lo,
-        "ci95_high": hi,
-        **latency_summary(results),
+        **_outcome(results),
         "timed_s_per_step": (timing or {}).get("s_per_step"),
-        "load_at_start": budget.get("load"),
+        "load_at_start": load,
         "train_run": paths.for_book(os.fspath(train_dir)),
         "eval_run": paths.for_book(os.fspath(eval_dir)),
     }
@@ -369,6 +378,30 @@ def _curves(train_dir: Path, results: dict) -> dict[str, Any]:
             {"task_id": t["task_id"], "task": t["task"], "successes": t["successes"], "episodes": len(t["episodes"])}
             for t in results.get("tasks", [])
         ],
+    }
+
+
+def _safety_limit(minutes: float) -> float:
+    """The train job's ``time_limit_min`` for a budget of ``minutes``: a safety net past the
+    budget (the calibrated steps should end first); also how a zoo training is recognised."""
+    return round(1.5 * minutes, 2)
+
+
+def _train_params(
+    policy: str, dataset: str, steps: int, batch_size: int, eval_freq: int, log_freq: int, num_workers: int, seed: int
+) -> dict[str, Any]:
+    """The train job's parameters every compared run shares (checkpoints at each validation)."""
+    return {
+        "policy": policy,
+        "dataset": dataset,
+        "steps": steps,
+        "batch_size": batch_size,
+        "eval_freq": eval_freq,
+        "log_freq": log_freq,
+        "save_freq": eval_freq,
+        "num_workers": num_workers,
+        "seed": seed,
+        "freeze_modules": "",
     }
 
 
@@ -393,7 +426,7 @@ def _eval_params(suite: str, task_ids: str, trials_per_task: int, workers: int, 
 
 
 def _train_and_evaluate(
-    label: str, train_params: dict, ev_params: dict, echo: bool, timing: dict | None = None, budget: dict | None = None
+    label: str, train_params: dict, ev_params: dict, echo: bool, timing: dict | None = None, load: float | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The train job, then the evaluate job on its ``best`` checkpoint (both reused when they
     finished before with the same parameters); the results attached to the run and its health
@@ -414,7 +447,7 @@ def _train_and_evaluate(
     diagnosis = health.diagnose(tr.run_dir)  # now with the success rate (the "loss falls, success 0" checklist)
     health.record(tr.run_dir, diagnosis=diagnosis)
     results = json.loads((ev.run_dir / "results.json").read_text(encoding="utf-8"))
-    row = _family_row(fam, tr.run_dir, ev.run_dir, timing, budget or {})
+    row = _family_row(fam, tr.run_dir, ev.run_dir, results, timing, load)
     row.update(
         label=label,
         checkpoint=Path(ckpt).name,
@@ -481,7 +514,7 @@ def run(
     ev_params = _eval_params(suite, task_ids, trials_per_task, workers, max_steps)
     for fam in names:
         t0 = time.time()
-        budget: dict[str, Any] = {"load": _load()}
+        load = _load()
         timing = None
         fam_steps = int(steps)
         if train_minutes > 0:
@@ -491,11 +524,10 @@ def run(
             else:
                 timing = calibrate(fam, dataset, batch_size, num_workers)
                 fam_steps = budget_steps(timing["s_per_step"], train_minutes)
-            budget.update(timing=timing, steps=fam_steps)
         print(
             f"[zoo] {fam}: {fam_steps} steps"
             + (
-                f" ({train_minutes} min at {timing['s_per_step']} s/step, load {budget['load']})"
+                f" ({train_minutes} min at {timing['s_per_step']} s/step, load {load})"
                 if timing and "s_per_step" in timing
                 else f" (the budget of {timing['reused_budget_of']})"
                 if timing
@@ -503,23 +535,15 @@ def run(
             ),
             flush=True,
         )
-        train_params: dict[str, Any] = {
-            "policy": fam,
-            "dataset": dataset,
-            "steps": fam_steps,
-            "batch_size": batch_size,
-            "eval_freq": eval_freq,
-            "log_freq": log_freq,
-            "save_freq": 0,
-            "num_workers": num_workers,
-            "seed": seed,
+        train_params = {
+            **_train_params(fam, dataset, fam_steps, batch_size, eval_freq, log_freq, num_workers, seed),
+            "save_freq": 0,  # the zoo evaluates `best`, saved at each validation that improves
             "optimizer_lr": LEARNING_RATES[fam],
             "scheduler_warmup_steps": min(200, max(0, fam_steps // 10)),
-            "freeze_modules": "",
         }
-        if train_minutes > 0:  # a safety net past the budget (the steps should end first)
-            train_params["time_limit_min"] = round(1.5 * train_minutes, 2)
-        row, curves = _train_and_evaluate(fam, train_params, ev_params, echo, timing, budget)
+        if train_minutes > 0:
+            train_params["time_limit_min"] = _safety_limit(train_minutes)
+        row, curves = _train_and_evaluate(fam, train_params, ev_params, echo, timing, load)
         row["zoo_s"] = round(time.time() - t0, 1)
         out["rows"].append(row)
         out["curves"][fam] = curves
@@ -587,26 +611,13 @@ def sweep(
     ``best`` checkpoint on the same episodes, pick the best run (success rate, then validation
     error), export its checkpoint as a bundle (parity checked), and evaluate the bundle through
     the policy server as a deployment would. Writes and returns ``sweep.json``'s content."""
-    from tutorial_utils.evaluate.loop import latency_summary
     from tutorial_utils.runs import export
-    from tutorial_utils.runs.checkpoints import wilson
 
     vals = parse_values(policy, param, values)
     _positive(trials_per_task=trials_per_task, workers=workers, batch_size=batch_size, steps=steps)
     run_dir = Path(run_dir)
     ev_params = _eval_params(suite, task_ids, trials_per_task, workers, max_steps)
-    base = {
-        "policy": policy,
-        "dataset": dataset,
-        "steps": steps,
-        "batch_size": batch_size,
-        "eval_freq": eval_freq,
-        "log_freq": log_freq,
-        "save_freq": eval_freq,
-        "num_workers": num_workers,
-        "seed": seed,
-        "freeze_modules": "",
-    }
+    base = _train_params(policy, dataset, steps, batch_size, eval_freq, log_freq, num_workers, seed)
     out: dict[str, Any] = {
         "kind": "sweep",
         "config": {**base, "param": param, "values": vals, **ev_params, "cpu_count": os.cpu_count()},
@@ -618,7 +629,7 @@ def sweep(
     for v in vals:
         label = f"{param}={v}"
         print(f"[zoo] {label}: {policy}, {steps} steps", flush=True)
-        row, curves = _train_and_evaluate(label, {**base, param: v}, ev_params, echo, budget={"load": _load()})
+        row, curves = _train_and_evaluate(label, {**base, param: v}, ev_params, echo, load=_load())
         row["value"] = v
         out["rows"].append(row)
         out["curves"][label] = curves
@@ -632,7 +643,6 @@ def sweep(
         paths.JOBS / "evaluate.md", {"policy": policy, "checkpoint": os.fspath(bundle), **ev_params}, echo=echo
     )
     results = json.loads((ev.run_dir / "results.json").read_text(encoding="utf-8"))
-    n, k = int(results["total_episodes"]), int(results["total_successes"])
     out["best"] = best["label"]
     out["bundle"] = {
         "from": best["label"],
@@ -640,11 +650,7 @@ def sweep(
         "step": manifest["step"],
         "parity": manifest["parity"],
         "files": {name: f["bytes"] for name, f in manifest["files"].items()},
-        "episodes": n,
-        "successes": k,
-        "success_rate": k / n if n else None,
-        "ci95": wilson(k, n),
-        **latency_summary(results),
+        **_outcome(results),
         "eval_run": paths.for_book(os.fspath(ev.run_dir)),
     }
     out["finished"] = True
@@ -652,7 +658,7 @@ def sweep(
     b = out["bundle"]
     print(
         f"[zoo] bundle of {b['from']} (step {b['step']}, parity {b['parity']['max_abs_diff']:.2g}): "
-        f"{k}/{n} episodes through the policy server",
+        f"{b['successes']}/{b['episodes']} episodes through the policy server",
         flush=True,
     )
     return out
@@ -736,7 +742,7 @@ def text(zoo: dict[str, Any]) -> str:
     with pd.option_context("display.width", 220, "display.max_columns", 20):
         out = head + "\n" + table(zoo).to_string()
     if b := zoo.get("bundle"):
-        lo, hi = b["ci95"] or (0.0, 0.0)
+        lo, hi = b["ci95_low"] or 0.0, b["ci95_high"] or 0.0
         out += (
             f"\nbundle of {b['from']} (step {b['step']}, parity {b['parity']['max_abs_diff']:.2g} on "
             f"{b['parity'].get('data', 'a batch')}): {b['successes']}/{b['episodes']} "
