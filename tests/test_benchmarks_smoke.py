@@ -74,3 +74,13 @@ def test_bench_export_quick_reports_load_latency_and_parity():
     assert out["bench"] == "export" and out["step"] == 2
     assert 0 <= out["parity_max_abs_diff"] <= 1e-5  # the same weights: the same actions
     assert out["bundle_load_s"] > 0 and out["source_p50_ms"] > 0 and out["verify_s"] > 0
+
+
+@pytest.mark.slow
+def test_bench_monitor_quick_compares_off_on_and_drawn_here():
+    out = _last_json("bench_monitor.py", "--steps", "60", "--draw-here")
+    for key in ("ratio", "ratios", "overhead_pct", "predicted_overhead_pct", "here_ratio", "figure_ms", "load_avg_1m"):
+        assert key in out, key
+    assert out["figure_by_helper"] is True  # the monitor in the training process drew through its helper
+    assert len(out["off_runs"]) == len(out["on_runs"]) == len(out["here_ratios"]) == 1
+    assert out["ratio"] > 0 and out["here_ratio"] > 0 and out["figure_ms"] > 0

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tutorial_utils import jobs
+from tutorial_utils.io import dir_size
 from tutorial_utils.runs import health
 from tutorial_utils.runs.cli import main as runs_cli
 
@@ -263,7 +264,7 @@ def test_data_bound_training(tmp_path):
 def test_disk_shortfall_before_the_next_checkpoint(tmp_path):
     stopped = {"state": "stopped", "step": 20, "total": 100, "stopped_by": "SIGTERM"}
     d = make_run(tmp_path, "disk", training=stopped, params={"steps": 100})  # saves left at 30..90 and 100
-    size = health.disk_bytes(d / "checkpoints" / "step_000020")
+    size = dir_size(d / "checkpoints" / "step_000020")
     (f,) = [f for f in health.diagnose(d, free_bytes=size // 2).findings if f.code == "disk_shortfall"]
     assert f.severity == "error" and "next checkpoint (step 30) does not fit" in f.message and "8 save(s)" in f.message
     (f,) = [f for f in health.diagnose(d, free_bytes=4 * size).findings if f.code == "disk_shortfall"]
@@ -419,3 +420,12 @@ def test_a_real_tiny_run_is_healthy(tmp_path):
     warm = {**base, "output_dir": str(tmp_path / "warm"), "scheduler_warmup_steps": 50}
     train(TrainConfig.from_overrides(warm), source=source)
     assert "warmup_longer_than_run" in health.diagnose(tmp_path / "warm").codes()
+    # the training process found it itself while it trained: once in train.log (validations at
+    # steps 4 and 8), with its fix, and in status.json
+    lines = [x for x in (tmp_path / "warm" / "train.log").read_text().splitlines() if x.startswith("Health check")]
+    assert len(lines) == 1 and "step 4: [warning] warmup_longer_than_run" in lines[0] and "Fix: set" in lines[0], lines
+    recorded = jobs.read_status(tmp_path / "warm")["health"]
+    assert recorded["by"] == "the training process at step 8"
+    assert [f["code"] for f in recorded["findings"]] == ["warmup_longer_than_run"]
+    healthy_log = (tmp_path / "real" / "train.log").read_text()
+    assert not any(f"] {code}:" in healthy_log for code in quiet), healthy_log

@@ -52,8 +52,12 @@ def no_drawing(monkeypatch):
     """The live-panel tests check polling and buttons: the figure (seconds on a busy 2-core
     machine; the static-panel tests draw it for real) is replaced by a stand-in."""
     drawn = []
-    monkeypatch.setattr(M, "panel_figure", lambda view, *a, **k: drawn.append(len(view.rows)))
-    monkeypatch.setattr(M, "figure_png", lambda fig, *a, **k: b"\x89PNG stand-in")
+
+    def stand_in(self, view):
+        drawn.append(len(view.rows))
+        return b"\x89PNG stand-in"
+
+    monkeypatch.setattr(M.RunMonitor, "_png", stand_in)  # in this process or a helper: not drawn
     return drawn
 
 
@@ -271,6 +275,36 @@ def test_buttons_write_the_control_file(finished_run, no_drawing, tmp_path):
         assert (
             "not running" in mon.message.value and json.loads((run / "control.json").read_text())["command"] == "stop"
         )
+    finally:
+        mon.close()
+
+
+def test_the_figure_is_drawn_by_a_helper_process_when_this_process_trains(finished_run, tmp_path):
+    """Drawing holds the interpreter lock for hundreds of ms: when the panel's process is the
+    training one (the heartbeat's pid is ours), a helper process draws and this thread waits."""
+    run = _copy(finished_run, tmp_path / "self")
+    _as_running(run)
+    mon = M.monitor(run, start=False)
+    try:
+        assert mon.helper_error is None and mon._helper is not None and mon.draws == 1
+        assert mon.image.value[:4] == b"\x89PNG"
+        assert mon._helper.submit(os.getpid).result(timeout=60) != os.getpid()
+    finally:
+        mon.close()
+    assert mon._helper is None
+    other = M.monitor(finished_run, start=False)  # trained by another process: drawn here
+    try:
+        assert other._helper is None and other.image.value[:4] == b"\x89PNG"
+    finally:
+        other.close()
+
+
+def test_a_helper_that_fails_falls_back_to_drawing_here(finished_run, monkeypatch):
+    monkeypatch.setattr(M, "HELPER_TIMEOUT_S", 1e-6)  # no helper answers that fast
+    mon = M.monitor(finished_run, start=False, draw_in_helper=True)
+    try:
+        assert "Timeout" in mon.helper_error and mon._helper is None
+        assert mon.image.value[:4] == b"\x89PNG" and mon.draws == 1
     finally:
         mon.close()
 

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,13 +130,15 @@ def read_jsonl(path: str | os.PathLike, tolerate_partial_last_line: bool = True)
     return rows
 
 
-def dir_size(path: Path) -> int:
+def dir_size(path: str | os.PathLike) -> int:
+    """Bytes of the files under ``path`` (links not followed). Files that vanish while it counts
+    (a running run renames and removes temporary checkpoint folders) are skipped."""
     total = 0
     for root, _, files in os.walk(path):
         for f in files:
-            fp = Path(root) / f
-            if not fp.is_symlink():
-                total += fp.stat().st_size
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(root, f))
+                total += 0 if stat.S_ISLNK(st.st_mode) else st.st_size
     return total
 
 

@@ -1222,5 +1222,6 @@ TRAIN_STOPPED = (
 TRAIN_DISK_USAGE = "Disk usage: final_model {final}, run directory {run_dir}"
 TRAIN_FINAL_REMOVED = "Removed final_model (set KEEP_FINAL_MODEL=1 to keep it); run directory now {run_dir}"
 TRAIN_FINAL_KEPT = "KEEP_FINAL_MODEL=1: final_model kept ({final})"
+TRAIN_HEALTH = "Health check at step {step}: [{severity}] {code}: {message} Fix: {fix}"
 TRAIN_TIME_LIMIT = "Time limit of {minutes} min reached at step {step}; finishing the run"
 TRAIN_NONFINITE_LOSS = "Non-finite loss at step {step}: {losses}; training stopped, last good checkpoint: {path}"

@@ -16,8 +16,11 @@ The Stop and Pause buttons call :func:`tutorial_utils.runs.control.send`: the lo
 step, saves a checkpoint and exits (paused: resumable with ``runs.resume``). The thread polls
 every ``interval`` seconds, redraws the figure at most every ``figure_every`` seconds (only when
 a row arrived, and never spending more than ``max_draw_share`` of the time drawing: on a busy
-machine, where one draw takes seconds, the figure updates less often, the text as often), and ends when the run is no longer running (finished, stopped, paused, failed,
-stale), when the panel is closed, or on :meth:`RunMonitor.stop`.
+machine, where one draw takes seconds, the figure updates less often, the text as often), and ends
+when the run is no longer running (finished, stopped, paused, failed, stale), when the panel is
+closed, or on :meth:`RunMonitor.stop`. When the process showing the panel is the one training, a
+helper process draws the figure (:func:`helper_png`): matplotlib then never holds the training's
+interpreter lock (``benchmarks/bench_monitor.py --draw-here`` measures the difference).
 
 :func:`static_panel` draws the same panels from a run's files as one matplotlib figure plus
 HTML (progress, system metrics, log lines), for the published book where no kernel runs.
@@ -585,6 +588,18 @@ def static_panel(run_dir: str | os.PathLike, log_lines: int = 20, figsize=(13, 6
 _LIVE: dict[str, weakref.ref] = {}
 
 
+#: the longest a helper process may take for one figure before the monitor draws it itself
+HELPER_TIMEOUT_S = 120.0
+_HELPER_TAILS: dict[str, MetricsTail] = {}
+
+
+def helper_png(run_dir: str, figsize: tuple[float, float], log_lines: int = 20) -> bytes:
+    """The live panel's figure of ``run_dir`` as PNG, read and drawn in a helper process (it
+    keeps its own :class:`MetricsTail` per run, so each call reads only the new rows)."""
+    tail = _HELPER_TAILS.setdefault(run_dir, MetricsTail(Path(run_dir) / METRICS))
+    return figure_png(panel_figure(read_view(run_dir, tail, log_lines), figsize, fast=True))
+
+
 class RunMonitor:
     """The live panel over one run directory (see the module doc). :attr:`panel` is the
     ipywidgets ``VBox``; showing the monitor shows it. :meth:`refresh` reads the files once."""
@@ -599,6 +614,7 @@ class RunMonitor:
         runs_dir: str | os.PathLike | None = None,
         max_draw_share: float = 0.01,
         health_every: float = 30.0,
+        draw_in_helper: bool | None = None,
     ):
         import ipywidgets as w
 
@@ -616,6 +632,8 @@ class RunMonitor:
         self._drawn_sample: Any = None
         self._next_draw = 0.0
         self.draw_s, self.draws = 0.0, 0
+        # None: in a helper process when this process is the one training (see _png)
+        self.draw_in_helper, self._helper, self.helper_error = draw_in_helper, None, None
         self.header = w.HTML()
         self.bar = w.IntProgress(min=0, max=1, value=0, layout=w.Layout(width="60%"))
         self.stop_button = w.Button(description="Stop", icon="stop", tooltip="finish the step, checkpoint, exit")
@@ -670,12 +688,42 @@ class RunMonitor:
             changed = len(view.rows) != self._drawn_rows or sample_key != self._drawn_sample or self.tail.reset
             if force_figure or (changed and time.monotonic() >= self._next_draw) or self._drawn_rows < 0:
                 t0 = time.monotonic()
-                self.image.value = figure_png(panel_figure(view, self.figsize, fast=True))
+                self.image.value = self._png(view)
                 now = time.monotonic()
                 self.draw_s, self.draws = now - t0, self.draws + 1
                 self._next_draw = now + max(self.figure_every, self.draw_s / max(self.max_draw_share, 1e-3))
                 self._drawn_rows, self._drawn_sample = len(view.rows), sample_key
             return view
+
+    def _png(self, view: RunView) -> bytes:
+        """The figure as PNG. Drawing it is a few hundred milliseconds of pure Python that holds
+        the interpreter lock; when the process that shows the panel is also the one training
+        (a running run whose heartbeat has this process's pid), that time is taken from the training steps (measured by
+        ``benchmarks/bench_monitor.py``). Then it is drawn by one helper process, started at
+        the first draw, while this thread only waits. A helper that cannot start or fails
+        falls back to drawing here (``helper_error`` says why)."""
+        helper = self.draw_in_helper
+        if helper is None:
+            helper = view.state == "running" and view.training.get("pid") == os.getpid()
+        if helper and self.helper_error is None:
+            try:
+                if self._helper is None:
+                    import multiprocessing
+                    from concurrent.futures import ProcessPoolExecutor
+
+                    self._helper = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                return self._helper.submit(helper_png, str(self.run_dir), self.figsize, self.log_lines).result(
+                    timeout=HELPER_TIMEOUT_S
+                )
+            except Exception as exc:  # no spawn here, a broken helper, a timeout: draw in this process
+                self.helper_error = f"{type(exc).__name__}: {exc}"
+                self._close_helper()
+        return figure_png(panel_figure(view, self.figsize, fast=True))
+
+    def _close_helper(self) -> None:
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.shutdown(wait=False, cancel_futures=True)
 
     # --- control ---------------------------------------------------------------------------------
 
@@ -709,6 +757,7 @@ class RunMonitor:
             if view.state in FINAL_STATES:
                 self.refresh(force_figure=True)
                 break
+        self._close_helper()
 
     def start(self) -> RunMonitor:
         """Start polling in a daemon thread (a monitor of the same run directory stops)."""
@@ -728,6 +777,7 @@ class RunMonitor:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        self._close_helper()
 
     def close(self) -> None:
         """Stop the thread and close the widgets."""
@@ -743,12 +793,15 @@ def monitor(
     start: bool = True,
     runs_dir: str | os.PathLike | None = None,
     max_draw_share: float = 0.01,
+    draw_in_helper: bool | None = None,
 ) -> RunMonitor:
     """The live panel of a training run: show it as a cell's last expression (or with
     ``display``). It reads the files once now and, while the run is running, every ``interval``
     seconds from a background thread; the kernel stays free. ``mon.stop()`` ends the polling,
     ``mon.close()`` removes the panel. The figure is redrawn at most every ``figure_every``
-    seconds and at most ``max_draw_share`` of the time."""
+    seconds and at most ``max_draw_share`` of the time; by a helper process when this process is the
+    one training (``draw_in_helper=None``), so the drawing never holds the training's interpreter
+    lock."""
     mon = RunMonitor(
         run_dir,
         interval=interval,
@@ -756,6 +809,7 @@ def monitor(
         log_lines=log_lines,
         runs_dir=runs_dir,
         max_draw_share=max_draw_share,
+        draw_in_helper=draw_in_helper,
     )
     view = mon.refresh(force_figure=True)
     if start and view.state not in FINAL_STATES:

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils.errors import ConfigError
-from tutorial_utils.io import atomic_dir, atomic_write_json
-from tutorial_utils.runs.registry import RunBusy, _json, disk_bytes, read_metrics, resolve, run_state
+from tutorial_utils.io import atomic_dir, atomic_write_json, dir_size
+from tutorial_utils.runs.registry import RunBusy, _json, read_metrics, resolve, run_state
 from tutorial_utils.train import checkpoints as ck
 
 #: where :func:`attach_results` keeps an evaluation's results.json, per checkpoint name
@@ -109,7 +109,7 @@ def list_checkpoints(
             "name": p.name,
             "step": step,
             "time": _dt.datetime.fromtimestamp(when).isoformat(timespec="seconds"),
-            "bytes": disk_bytes(p),
+            "bytes": dir_size(p),
             "reason": state.get("reason") or ("best (by hand)" if marked.get("by") == "hand" else "best"),
             "is_last": p.name == last,
             "is_best": p.name == ck.BEST or (best_step is not None and step == best_step),

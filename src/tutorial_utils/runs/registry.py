@@ -27,14 +27,13 @@ import json
 import os
 import re
 import shutil
-import stat
 import warnings
 from pathlib import Path
 from typing import Any
 
 from tutorial_utils import jobs, paths
 from tutorial_utils.errors import ConfigError, TutorialError
-from tutorial_utils.io import atomic_write_json, human_bytes
+from tutorial_utils.io import atomic_write_json, dir_size, human_bytes
 from tutorial_utils.train.checkpoints import (
     BEST,
     CHECKPOINTS_DIR,
@@ -84,18 +83,6 @@ def resolve(run: str | os.PathLike, runs_dir: str | os.PathLike | None = None) -
         f"{jobs.STATUS_FILE}, {TRAIN_CONFIG_FILE} or {COPY_FILE}). Recent runs: {', '.join(known) or 'none'} "
         "(`python -m tutorial_utils runs list`)."
     )
-
-
-def disk_bytes(path: str | os.PathLike) -> int:
-    """Bytes of the files under ``path`` (links not followed). Files that vanish while it counts
-    (a running run renames and removes temporary checkpoint folders) are skipped."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            with contextlib.suppress(OSError):
-                st = os.lstat(os.path.join(root, f))
-                total += 0 if stat.S_ISLNK(st.st_mode) else st.st_size
-    return total
 
 
 def _json(path: Path) -> dict:
@@ -237,7 +224,7 @@ def row(run: str | os.PathLike, job_row: dict | None = None) -> dict[str, Any]:
         if isinstance(status.get("eval"), dict)
         else None,
         "wall_s": wall,
-        "bytes": disk_bytes(d),
+        "bytes": dir_size(d),
         "stopped_by": training.get("stopped_by", summary.get("stopped_by")),
         "updated": training.get("updated") or status.get("updated"),
         "profile": status.get("profile"),
@@ -397,7 +384,7 @@ def delete(run: str | os.PathLike, runs_dir: str | os.PathLike | None = None) ->
             f"run {d.name} is running; it is not deleted. Stop it first (`python -m tutorial_utils runs stop "
             f"{d.name}`, or runs.stop(run, wait=True)), then delete it."
         )
-    freed = disk_bytes(d)
+    freed = dir_size(d)
     doomed = d.parent / f".{d.name}.deleting-{os.getpid()}"
     os.replace(d, doomed)  # gone from every listing at once; a crash below leaves only a hidden folder
     shutil.rmtree(doomed, ignore_errors=True)

@@ -22,6 +22,7 @@ BEST = "best"
 TRAIN_STATE_FILE = "training_state.pt"
 TRAIN_STATE_JSON = "training_state.json"
 METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "train_config.json"
 LOCK_FILE = ".train.lock"
 #: What :func:`tutorial_utils.io.atomic_dir` and :func:`point_last` name their work in progress:
 #: ``.step_000100.tmp-XXXX``, ``.best.tmp-XXXX``, ``.last.tmp-PID``.

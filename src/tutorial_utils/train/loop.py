@@ -69,6 +69,7 @@ from tutorial_utils.io import atomic_dir, atomic_write_json, atomic_write_text, 
 from tutorial_utils.policies.base import BATCH_ACTION, BATCH_ACTION_IS_PAD, BATCH_TASK
 from tutorial_utils.policies.normalize import STATS_FILE
 from tutorial_utils.train.checkpoints import (
+    CONFIG_FILE,
     LOCK_FILE,
     METRICS_FILE,
     TRAIN_STATE_FILE,
@@ -94,9 +95,9 @@ from tutorial_utils.train.data import (
     random_shift,
     split_episodes,
 )
+from tutorial_utils.train.watch import TrainingWatch
 
 LOG_FILE = "train.log"
-CONFIG_FILE = "train_config.json"
 SUMMARY_FILE = "summary.json"
 CONTROL_FILE = "control.json"
 #: the sample predictions of each validation: ``samples/step_000100.json`` (predicted vs true chunk)
@@ -378,6 +379,7 @@ class RunLog:
         self.window: dict = {"wait": 0.0, "total": 0.0, "samples": 0, "loss": []}
         self.total_wait = self.total_time = 0.0
         self.losses: list[tuple[int, float]] = []
+        self.rows: list[dict] = []  # the training rows of this process's metrics.jsonl (the health check reads them)
 
     def __call__(self, line: str) -> None:
         if self.main:
@@ -426,20 +428,21 @@ class RunLog:
                     losses={**shown, "learning_rate": lr, "grad_norm": round(grad_norm, 6)},
                 )
             )
-            self.metrics(
-                {
-                    "step": step,
-                    "loss": loss,
-                    "loss_mean": float(np.mean(w["loss"])),
-                    "lr": lr,
-                    "grad_norm": grad_norm,
-                    "samples_per_s": w["samples"] / max(w["total"], 1e-9),
-                    "data_wait_share": w["wait"] / max(w["total"], 1e-9),
-                    "epoch": step * cfg.batch_size * self.world / self.n_train,
-                    "time": time.time(),
-                    **(self.sampler.sample() if self.sampler else {}),
-                }
-            )
+            row = {
+                "step": step,
+                "loss": loss,
+                "loss_mean": float(np.mean(w["loss"])),
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "samples_per_s": w["samples"] / max(w["total"], 1e-9),
+                "data_wait_share": w["wait"] / max(w["total"], 1e-9),
+                "epoch": step * cfg.batch_size * self.world / self.n_train,
+                "time": time.time(),
+                **(self.sampler.sample() if self.sampler else {}),
+            }
+            self.metrics(row)
+            if self.main:
+                self.rows.append(row)
             self.window = {"wait": 0.0, "total": 0.0, "samples": 0, "loss": []}
 
     def close_bar(self) -> None:
@@ -658,10 +661,19 @@ def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack, starte
     out, acc, main = Path(cfg.output_dir), s.acc, s.acc.is_main_process
     step, stopped_by, time_limited, last_val = s.start_step, None, False, {}
 
+    watch = TrainingWatch(out, cfg.to_dict(), s.run_log) if main else None
+
     def validate(step: int) -> None:
+        if main and len(s.validator):
+            _validate(step)
+        if watch is not None:  # the run's health from its own rows: logged and put in status.json
+            try:
+                watch(step, s.run_log.rows)
+            except Exception as exc:  # never the reason a training stops
+                s.run_log(f"Health check skipped at step {step}: {exc!r}")
+
+    def _validate(step: int) -> None:
         nonlocal last_val
-        if not (main and len(s.validator)):
-            return
         m = acc.unwrap_model(s.model)
         last_val = {**s.validator(m), "step": step}
         s.model.train()
