@@ -91,17 +91,16 @@ def run_row(name: str, mode: str, source, out: Path, args, model: dict) -> dict:
     with contextlib.redirect_stdout(io.StringIO()):
         res = train(cfg, source=source, on_step=start_monitor)
     wall = time.perf_counter() - t0
-    polls = draws = 0
-    helper = False
+    polls = draws = helper_draws = 0
     for m in mons:
-        helper = m._helper is not None and m.helper_error is None
         m.stop()
+        helper_draws = m.helper_draws
         polls, draws = m.polls, m.draws
         m.close()
     return {
         "row": name,
         "mode": mode,
-        "helper": helper,
+        "helper_draws": helper_draws,
         "samples_per_s": float(res.summary["samples_per_s"]),
         "wall_s": wall,
         "polls": polls,
@@ -201,7 +200,7 @@ def main(argv=None) -> int:
         costs["figure_ms"] / 1000 / max(args.figure_every, costs["figure_ms"] / 1000 / args.max_draw_share),
     )
     estimate = sample_share + refresh_share
-    helper = all(r["helper"] for r in rows if r["mode"] == "on")
+    helper = all(r["helper_draws"] > 0 for r in rows if r["mode"] == "on")
     print(
         f"model: {args.profile} profile, {rows[0]['params']:,} parameters; batch {args.batch_size}; {args.steps} "
         f"steps per run; log_freq {args.log_freq}; eval_freq {args.eval_freq}; torch threads "

@@ -286,7 +286,7 @@ def test_the_figure_is_drawn_by_a_helper_process_when_this_process_trains(finish
     _as_running(run)
     mon = M.monitor(run, start=False)
     try:
-        assert mon.helper_error is None and mon._helper is not None and mon.draws == 1
+        assert mon.helper_error is None and mon._helper is not None and mon.draws == mon.helper_draws == 1
         assert mon.image.value[:4] == b"\x89PNG"
         assert mon._helper.submit(os.getpid).result(timeout=60) != os.getpid()
     finally:

@@ -634,6 +634,7 @@ class RunMonitor:
         self.draw_s, self.draws = 0.0, 0
         # None: in a helper process when this process is the one training (see _png)
         self.draw_in_helper, self._helper, self.helper_error = draw_in_helper, None, None
+        self.helper_draws = 0  # figures the helper process drew
         self.header = w.HTML()
         self.bar = w.IntProgress(min=0, max=1, value=0, layout=w.Layout(width="60%"))
         self.stop_button = w.Button(description="Stop", icon="stop", tooltip="finish the step, checkpoint, exit")
@@ -712,9 +713,11 @@ class RunMonitor:
                     from concurrent.futures import ProcessPoolExecutor
 
                     self._helper = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
-                return self._helper.submit(helper_png, str(self.run_dir), self.figsize, self.log_lines).result(
+                png = self._helper.submit(helper_png, str(self.run_dir), self.figsize, self.log_lines).result(
                     timeout=HELPER_TIMEOUT_S
                 )
+                self.helper_draws += 1
+                return png
             except Exception as exc:  # no spawn here, a broken helper, a timeout: draw in this process
                 self.helper_error = f"{type(exc).__name__}: {exc}"
                 self._close_helper()

@@ -29,7 +29,6 @@ CLI: ``python -m tutorial_utils runs diagnose RUN [--write] [--json]`` (exit cod
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 import socket
@@ -48,6 +47,7 @@ from tutorial_utils.train.watch import (  # the checks the training process also
     Finding,
     _num,
     loss_windows,
+    record_health,
     training_findings,
 )
 
@@ -478,11 +478,7 @@ def record(
     """Diagnose ``run`` and write the result into its ``status.json`` as ``health`` (checked
     time, ok, findings, checklist), merged under the status lock. Returns what was written."""
     diag = diagnosis or diagnose(run, runs_dir)
-    health = {**diag.as_dict(), "checked": _dt.datetime.now().isoformat(timespec="seconds")}
-    for k in ("run", "path"):
-        health.pop(k)
+    health = {k: v for k, v in diag.as_dict().items() if k not in ("run", "path")}
     if diag.state == "created":  # a copy not started: a status.json would make it look started
-        return health
-    jobs.update_status(diag.path, health=None)  # replace, not merge, an older diagnosis
-    jobs.update_status(diag.path, health=json.loads(json.dumps(health, default=str)))
-    return health
+        return {**health, "checked": _dt.datetime.now().isoformat(timespec="seconds")}
+    return record_health(diag.path, health)

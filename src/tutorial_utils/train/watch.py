@@ -16,6 +16,7 @@ ones that need the registry or an evaluation (stale heartbeat, "the loss falls b
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import os
 import shutil
@@ -208,6 +209,18 @@ def training_findings(
     ]
 
 
+def record_health(run_dir: str | os.PathLike, health: dict) -> dict:
+    """Write ``health`` (stamped with the time it was ``checked``) into the run's ``status.json``,
+    replacing the diagnosis there, whoever made it (this module's watch or
+    :func:`tutorial_utils.runs.health.record`). Returns what was written."""
+    health = json.loads(
+        json.dumps({**health, "checked": _dt.datetime.now().isoformat(timespec="seconds")}, default=str)
+    )
+    jobs.update_status(run_dir, health=None)  # replace, not merge: no key of an older diagnosis stays
+    jobs.update_status(run_dir, health=health)
+    return health
+
+
 class TrainingWatch:
     """The training process's own health check (main process only), called at each validation
     with the training rows written so far. Logs each finding once (again only when its severity
@@ -223,15 +236,13 @@ class TrainingWatch:
         new = [f for f in findings if self.reported.get(f.code) != f.severity]
         for f in new:
             self.log(L.TRAIN_HEALTH.format(step=step, severity=f.severity, code=f.code, message=f.message, fix=f.fix))
-        jobs.update_status(self.out, health=None)  # replace, not merge, an older diagnosis
-        jobs.update_status(
+        record_health(
             self.out,
-            health={
+            {
                 "state": "running",
                 "ok": not any(f.severity == "error" for f in findings),
                 "findings": [asdict(f) for f in findings],
                 "checklist": [],
-                "checked": _dt.datetime.now().isoformat(timespec="seconds"),
                 "by": f"the training process at step {step}",
             },
         )
