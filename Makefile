@@ -50,13 +50,21 @@ $(STAMP)/lerobot04: requirements-lerobot04.txt $(STAMP)/venv
 	$(PY) -c "from tutorial_utils.policies._torchvision import ensure_importable; ensure_importable(); import lerobot.policies.factory"
 	@touch $@
 
+# SmolVLA's stand-in smoke test needs transformers 4.57, which needs huggingface_hub<1.0: beside the
+# venv in .smolvla (requirements-smolvla.txt says why), put on PYTHONPATH only by that test's process
+SMOLVLA    := .smolvla
+$(STAMP)/smolvla: requirements-smolvla.txt $(STAMP)/lerobot04
+	rm -rf $(SMOLVLA)
+	$(PY) -m pip install -q --no-deps --target $(SMOLVLA) -r requirements-smolvla.txt
+	@touch $@
+
 _vendor/.vendored: src/tutorial_utils/report/book.py | $(STAMP)/venv
 	$(PY) -m tutorial_utils book vendor
 
 system: $(STAMP)/system
 venv: $(STAMP)/venv
 vendor: _vendor/.vendored
-setup: $(STAMP)/system $(STAMP)/venv $(STAMP)/lerobot03 $(STAMP)/lerobot04 _vendor/.vendored
+setup: $(STAMP)/system $(STAMP)/venv $(STAMP)/lerobot03 $(STAMP)/lerobot04 $(STAMP)/smolvla _vendor/.vendored
 
 # --- the book ---------------------------------------------------------------------------------
 ipynb: setup

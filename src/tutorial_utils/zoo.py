@@ -19,7 +19,8 @@ same demonstrations and the same CPU budget, evaluated with the same LIBERO clie
 Both jobs are reused when a finished run with the same parameters exists, so an interrupted zoo
 continues where it stopped. The result is ``zoo.json`` (with the curves and per-task successes
 the chapter plots) in the zoo's run directory; ``promote`` copies it into ``logs/``.
-CLI: ``python -m tutorial_utils zoo {table,promote} RUN_DIR``.
+CLI: ``python -m tutorial_utils zoo {table,promote} RUN_DIR``; ``zoo smolvla-smoke`` runs LeRobot's
+SmolVLA on a local stand-in VLM (:func:`smolvla_smoke`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from tutorial_utils import jobs, paths
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.io import atomic_write_json
+from tutorial_utils.policies.base import PolicyUnavailable
 
 #: the families that train on the demonstrations and drive LIBERO through the policy server
 FAMILIES = ("mini", "act", "diffusion", "vqbet")
@@ -56,7 +58,8 @@ CATALOG: tuple[dict[str, str], ...] = (
         "family": "smolvla",
         "group": "vision-language-action",
         "scenario": "follow spoken instructions (tidy the table), with a GPU",
-        "here": "GPU server only: its VLM config and tokenizer come from the Hub; the error names the recipe",
+        "here": "GPU server for its Hub weights (the error names the recipe); LeRobot's code runs here on a local "
+        "stand-in VLM with random weights (zoo smolvla-smoke: trained a few steps, reloaded, served)",
     },
     {
         "family": "openvla",
@@ -664,6 +667,143 @@ def sweep(
     return out
 
 
+# --- SmolVLA's code on a stand-in VLM ------------------------------------------------------------
+
+SMOLVLA_FILE = "smolvla_smoke.json"
+
+
+def smolvla_smoke(
+    run_dir: str | os.PathLike, dataset: str = "synthetic", steps: int = 4, batch_size: int = 2, chunk_size: int = 8
+) -> dict[str, Any]:
+    """LeRobot's SmolVLA, end to end through this project, on a stand-in VLM (random weights, toy
+    size: :mod:`tutorial_utils.policies.smolvla`): write the stand-in with ``dataset``'s task
+    instructions, train ``steps`` steps with the project's trainer on ``dataset``, load the last
+    checkpoint, predict one chunk twice with the same seed (the reload must repeat it exactly),
+    and serve it through the websocket policy server. Runs in the SmolVLA environment (the CLI
+    ``zoo smolvla-smoke`` starts one). Writes and returns ``smolvla_smoke.json``."""
+    import importlib.metadata
+
+    import numpy as np
+    import torch
+
+    from tutorial_utils import policies
+    from tutorial_utils.io import read_jsonl
+    from tutorial_utils.policies import smolvla
+    from tutorial_utils.train.config import TrainConfig
+    from tutorial_utils.train.data import WindowDataset, collate, open_dataset
+    from tutorial_utils.train.job import prepare_metadata, resolve_dataset
+    from tutorial_utils.train.loop import train
+
+    _positive(steps=steps, batch_size=batch_size, chunk_size=chunk_size)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    root = resolve_dataset(dataset, run_dir)
+    prepare_metadata(root)
+    source = open_dataset(root, run_dir)
+    size = int(source.image_shape[0])
+    tasks = [r["task"] for r in read_jsonl(root / "meta" / "tasks.jsonl")]
+    t0 = time.perf_counter()
+    vlm = smolvla.write_standin(run_dir / "standin_vlm", tasks, image_size=size)
+    model_cfg = {
+        "policy": "smolvla",
+        "policy.vlm_model_name": str(vlm),
+        "policy.image_size": size,
+        "policy.chunk_size": chunk_size,
+        "policy.n_action_steps": chunk_size,
+        "policy.num_steps": 4,
+    }
+    cfg = TrainConfig.from_overrides(
+        {
+            **model_cfg,
+            "dataset": str(root),
+            "output_dir": str(run_dir / "train"),
+            "steps": steps,
+            "batch_size": batch_size,
+            "log_freq": 1,
+            "eval_freq": 0,
+            "save_freq": steps,
+            "num_workers": 0,
+            "seed": 0,
+            "scheduler_warmup_steps": 0,  # a few steps: the learning rate LeRobot's SmolVLA recipe uses from the first
+            "optimizer_lr": 1e-4,
+        }
+    )
+    res = train(cfg)
+    ckpt = res.summary.get("last_checkpoint")
+    model = policies.load(ckpt)
+    ds = WindowDataset(source, np.arange(len(source)), model.action_horizon, model.image_size)
+    one = collate([ds[0]])
+    first = model.predict(one, generator=torch.Generator().manual_seed(0))
+    again = policies.load(ckpt).predict(one, generator=torch.Generator().manual_seed(0))
+    rt = _round_trips(model, one)
+    counts = model.parameter_counts()
+    out = {
+        "kind": "smolvla_smoke",
+        "stand_in": json.loads((vlm / smolvla.STANDIN_FILE).read_text()),
+        "versions": {p: importlib.metadata.version(p) for p in ("lerobot", "transformers", "huggingface_hub", "torch")},
+        "dataset": paths.for_book(os.fspath(root)),
+        "params": counts,
+        "steps_done": res.steps_done,
+        "losses": [round(float(v), 5) for _, v in res.losses],
+        "samples_per_s": res.summary.get("samples_per_s"),
+        "checkpoint": paths.for_book(os.fspath(ckpt)),
+        "chunk_shape": list(first.shape),
+        "chunk_finite": bool(np.isfinite(first).all()),
+        "reload_repeats": bool(np.array_equal(first, again)),
+        "round_trip_ms_p50": round(float(np.median(rt)), 1),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    atomic_write_json(run_dir / SMOLVLA_FILE, out)
+    return out
+
+
+def run_smolvla_smoke(
+    run_dir: str | os.PathLike, dataset: str = "synthetic", steps: int = 4, batch_size: int = 2
+) -> dict[str, Any]:
+    """:func:`smolvla_smoke` in this process when it can import SmolVLA, else in a child process
+    with the SmolVLA environment (``.smolvla`` first on PYTHONPATH, the Hub offline), whose output
+    streams through; returns ``smolvla_smoke.json``'s content."""
+    import subprocess
+
+    from tutorial_utils.policies import smolvla
+
+    run_dir = Path(run_dir)
+    problem = smolvla.transformers_problem()
+    if problem is None:
+        return smolvla_smoke(run_dir, dataset, steps, batch_size)
+    if os.environ.get("TUTORIAL_SMOLVLA_CHILD"):  # the child could not import it either: say why, no loop
+        raise PolicyUnavailable(problem)
+    env = smolvla.environment() | {"TUTORIAL_SMOLVLA_CHILD": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "tutorial_utils",
+        "zoo",
+        "smolvla-smoke",
+        "--run-dir",
+        str(run_dir),
+        "--dataset",
+        dataset,
+        "--steps",
+        str(steps),
+        "--batch-size",
+        str(batch_size),
+    ]
+    print(f"[smolvla] in the SmolVLA environment (PYTHONPATH={smolvla.ENV_DIR.name}): {run_dir}", flush=True)
+    rc = subprocess.call(cmd, env=env)
+    if rc != 0 or not (run_dir / SMOLVLA_FILE).is_file():
+        raise PolicyUnavailable(f"the SmolVLA smoke test failed (exit status {rc}); its output is above")
+    return json.loads((run_dir / SMOLVLA_FILE).read_text())
+
+
+def _smolvla_main(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir or jobs.ensure_run_dir("", "smolvla_smoke"))
+    out = run_smolvla_smoke(run_dir, args.dataset, args.steps, args.batch_size)
+    if not os.environ.get("TUTORIAL_SMOLVLA_CHILD"):
+        print(json.dumps({k: v for k, v in out.items() if k not in ("stand_in", "losses")}))
+    return 0 if out["chunk_finite"] and out["reload_repeats"] else 1
+
+
 # --- reading a zoo's results ---------------------------------------------------------------------
 
 
@@ -842,14 +982,24 @@ def main(argv: list[str]) -> int:
     p = sub.add_parser("promote", help="copy a finished zoo's or sweep's results into logs/ for the chapters")
     p.add_argument("run")
     p.add_argument("--prefix", default=None, help="the file name in logs/ (default: <zoo|sweep>_<profile>)")
+    s = sub.add_parser(
+        "smolvla-smoke",
+        help="LeRobot's SmolVLA on a local stand-in VLM (random weights): train a few steps, reload, serve",
+    )
+    s.add_argument("--dataset", default="synthetic", help="a dataset name under data/, a path, or synthetic")
+    s.add_argument("--steps", type=int, default=4, help="training steps")
+    s.add_argument("--batch-size", type=int, default=2)
+    s.add_argument("--run-dir", default="", help="where to write (default: a new runs/<time>-smolvla_smoke-<id>)")
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "smolvla-smoke":
+            return _smolvla_main(args)
         if args.cmd == "table":
             print(text(load(args.run)))
         else:
             for f in promote(args.run, args.prefix):
                 print(f"promoted {f}")
-    except (ConfigError, FileNotFoundError) as exc:
+    except (ConfigError, FileNotFoundError, PolicyUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -10,7 +10,8 @@ A family is one module in this folder and one :func:`register` line below. Three
   :func:`make`, :func:`load` and :func:`make_policy` and never name a family;
 - GPU-server families (:func:`gpu_server`): ``smolvla``, ``pi0``, ``pi05``, ``pi0_fast``, ``openvla``
   have their parameters here, and building or serving one raises :class:`PolicyUnavailable` naming
-  the weights, GPU memory, licence, the GPU-server command and how it reaches our LIBERO client;
+  the weights, GPU memory, licence, the GPU-server command and how it reaches our LIBERO client
+  (SmolVLA's code also builds here on a local stand-in VLM: ``policies/smolvla.py``);
 - serving-only policies (a factory ``factory(checkpoint=None, **kw) -> Policy``): ``zero``
   (holds still), ``expert`` (the scripted LIBERO expert, privileged state) and ``dit4dit`` (the
   official checkpoint, served from its own checkout on a GPU server).
@@ -133,7 +134,7 @@ register("act", "tutorial_utils.policies.lerobot:ACTPolicy")
 register("diffusion", "tutorial_utils.policies.lerobot:DiffusionPolicy")
 register("vqbet", "tutorial_utils.policies.lerobot:VQBeTPolicy")
 # GPU-server families: their parameters are listed here, building one explains the GPU-server path
-register("smolvla", "tutorial_utils.policies.lerobot:SmolVLAPolicy")
+register("smolvla", "tutorial_utils.policies.smolvla:SmolVLAPolicy")
 register("pi0", "tutorial_utils.policies.lerobot:Pi0Policy")
 register("pi05", "tutorial_utils.policies.lerobot:Pi05Policy")
 register("pi0_fast", "tutorial_utils.policies.lerobot:Pi0FastPolicy")

@@ -1,6 +1,7 @@
 """LeRobot 0.4.4's own ACT, Diffusion Policy and VQ-BeT behind the policy seam (TD-MPC and SAC, on
 the same adapter, are in ``policies/lerobot_rl.py``), and the families that need a GPU server
-(SmolVLA, Pi0, Pi0.5, Pi0-Fast, OpenVLA: :data:`GPU_RECIPES`, at the end of this module).
+(Pi0, Pi0.5, Pi0-Fast, OpenVLA, and SmolVLA's recipe: :data:`GPU_RECIPES`, at the end of this module;
+SmolVLA's adapter and its local stand-in are ``policies/smolvla.py``).
 
 Each family here is a thin :class:`~tutorial_utils.policies.trainable.TrainablePolicy` around the
 real LeRobot policy (``make_policy_config`` -> ``get_policy_class(name)(cfg)``), so the project's
@@ -841,11 +842,10 @@ GPU_RECIPES: dict[str, GPURecipe] = {
         "(SmolVLAPolicy.from_pretrained(<output_dir>/checkpoints/last/pretrained_model)) behind a "
         "tutorial_utils.policies.base.Policy whose infer() returns {'actions': (H, 7)} and serve it with this "
         f"project's websocket server (tutorial_utils.serve.server.PolicyServer), then here `{CLIENT_COMMAND}`.",
-        why_not_here="LeRobot 0.4.4's SmolVLA needs transformers, which no version can provide beside this "
-        "project's huggingface_hub 2.4 (measured: transformers 4.57, LeRobot's pin <5, refuses to import with "
-        "hub 2.4; transformers 5.25 imports, but then `import lerobot.policies` fails in its GR00T module), "
-        "and the VLM's config and tokenizer come from the Hub (a local stand-in config and tokenizer build "
-        "fine; the model does not).",
+        why_not_here="its weights (lerobot/smolvla_base, SmolVLM2-500M) come from the Hub and 450M parameters are "
+        "a GPU job; its transformers 4.57 needs huggingface_hub<1.0, so here it runs only in the .smolvla folder "
+        "beside the venv (requirements-smolvla.txt), on a local stand-in VLM with random weights "
+        "(tutorial_utils.policies.smolvla).",
     ),
     "pi0": GPURecipe(
         title="Pi0 (openpi), PaliGemma + a flow-matching action expert, ~3.5B parameters",
@@ -898,30 +898,6 @@ GPU_RECIPES: dict[str, GPURecipe] = {
         why_not_here="7.5B parameters are more than this machine's memory, and the weights come from the Hub.",
     ),
 }
-
-
-@dataclass
-class SmolVLAConfig:
-    """SmolVLA: SmolVLM2 (its first layers) + a flow-matching action expert (LeRobot 0.4.4 names)."""
-
-    image_size: int = param(512, "images are resized with padding to this square size (LeRobot: 512)", "model")
-    chunk_size: int = param(50, "actions predicted per chunk (LeRobot: 50)", "model")
-    n_action_steps: int = param(50, "actions executed per chunk (LeRobot: 50)", "model")
-    tokenizer_max_length: int = param(
-        48, "longest tokenized instruction (the guide's max_input_seq_len; LeRobot: 48)", "model"
-    )
-    num_steps: int = param(10, "flow-matching denoising steps at inference (LeRobot: 10)", "model")
-    freeze_vision_encoder: bool = param(
-        True, "keep the VLM's vision encoder frozen (guide: freeze_vision_encoder; LeRobot: True)", "model"
-    )
-    train_expert_only: bool = param(
-        True, "train only the action expert and projections, the VLM frozen (LeRobot: True)", "model"
-    )
-    pretrained_path: str = param("lerobot/smolvla_base", "the Hub weights fine-tuning starts from", "model")
-
-    @property
-    def action_horizon(self) -> int:
-        return self.chunk_size
 
 
 @dataclass
@@ -995,11 +971,6 @@ class GPUServerPolicy(nn.Module, TrainablePolicy):
 
     def __init__(self, cfg: Any = None, statistics: Mapping[str, Any] | None = None):
         raise PolicyUnavailable(self.recipe())
-
-
-class SmolVLAPolicy(GPUServerPolicy):
-    name = "smolvla"
-    config_class = SmolVLAConfig
 
 
 class Pi0Policy(GPUServerPolicy):
