@@ -59,6 +59,12 @@ def test_a_tiny_zoo_trains_evaluates_tabulates_and_promotes(tmp_path, runs_dir, 
     zoo.per_task_figure(out)
     again = zoo.run(tmp_path / "zoo2", **kw)  # both jobs reused, same table
     assert again["rows"][0]["reused"] and again["rows"][0]["train_run"] == row["train_run"]
+    # another replan_steps: the same training, a new evaluation that executes 2 actions per request
+    replanned = zoo.run(tmp_path / "zoo3", **kw, replan_steps=2)["rows"][0]
+    assert replanned["train_run"] == row["train_run"] and replanned["eval_run"] != row["eval_run"]
+    assert "replan_steps: 2" in (paths.from_book(replanned["eval_run"]) / "params.yaml").read_text()
+    with pytest.raises(ConfigError, match="replan_steps=-1"):
+        zoo.run(tmp_path / "zoo4", **kw, replan_steps=-1)
     (dest,) = zoo.promote(tmp_path / "zoo2", prefix="zoo_test")
     assert json.loads(dest.read_text())["rows"][0]["family"] == "mini"
     assert zoo.load(dest)["promoted_from"].endswith("zoo2")

@@ -414,7 +414,9 @@ def _positive(**values: int) -> None:
             raise ConfigError(f"{key}={value} must be >= 1")
 
 
-def _eval_params(suite: str, task_ids: str, trials_per_task: int, workers: int, max_steps: int | None) -> dict:
+def _eval_params(
+    suite: str, task_ids: str, trials_per_task: int, workers: int, max_steps: int | None, replan_steps: int = 0
+) -> dict:
     """The evaluate job's parameters every compared run is evaluated with (same client seed)."""
     out: dict[str, Any] = {
         "suite": suite,
@@ -425,6 +427,8 @@ def _eval_params(suite: str, task_ids: str, trials_per_task: int, workers: int, 
     }
     if max_steps:  # 0 or None: the suite's own limit
         out["max_steps"] = int(max_steps)
+    if replan_steps:  # 0: each family's own (its whole chunk, or its n_action_steps)
+        out["replan_steps"] = int(replan_steps)
     return out
 
 
@@ -484,6 +488,7 @@ def run(
     trials_per_task: int = 1,
     max_steps: int | None = None,
     workers: int = 1,
+    replan_steps: int = 0,
     echo: bool = False,
 ) -> dict[str, Any]:
     """The comparison (see the module docstring): ``train_minutes > 0`` is the CPU budget of
@@ -507,6 +512,7 @@ def run(
             "trials_per_task": trials_per_task,
             "max_steps": max_steps,
             "workers": workers,
+            "replan_steps": replan_steps,
             "learning_rates": {f: LEARNING_RATES[f] for f in names},
             "cpu_count": os.cpu_count(),
         },
@@ -514,7 +520,9 @@ def run(
         "curves": {},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    ev_params = _eval_params(suite, task_ids, trials_per_task, workers, max_steps)
+    if replan_steps < 0:
+        raise ConfigError(f"replan_steps={replan_steps} must be >= 0 (0: each family's own)")
+    ev_params = _eval_params(suite, task_ids, trials_per_task, workers, max_steps, replan_steps)
     for fam in names:
         t0 = time.time()
         load = _load()
