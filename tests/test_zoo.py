@@ -154,3 +154,29 @@ def test_a_rerun_reuses_the_earlier_budget(runs_dir):
     assert zoo._budgeted_before("act", "d", 16, 1, 42, 10.0) == (777, {"reused_budget_of": "a"})
     assert zoo._budgeted_before("act", "d", 16, 1, 42, 20.0) is None  # another budget
     assert zoo._budgeted_before("diffusion", "d", 16, 1, 42, 10.0) is None
+
+
+def test_demonstrations_say_which_evaluated_init_states_were_demonstrated(tmp_path):
+    """The record manifest's (task, init state) pairs against the evaluation's (trial k: init state k)."""
+    root = tmp_path / "demos"
+    (root / "meta").mkdir(parents=True)
+    (root / "meta" / "info.json").write_text(json.dumps({"total_episodes": 5, "total_frames": 500}))
+    eps = [(0, 3), (0, 4), (0, 12), (1, 10), (1, 11)]
+    man = {
+        "episodes": [
+            {"task_id": t, "init_state": i, "success": True, "episode_index": k} for k, (t, i) in enumerate(eps)
+        ]
+    }
+    man["episodes"].append({"task_id": 1, "init_state": 0, "success": False})  # the expert failed: not in the data
+    (root / "meta" / "record_manifest.json").write_text(json.dumps(man))
+    d = zoo.demonstrations(str(root), "libero_spatial", "0,1", trials_per_task=5)
+    assert d == {
+        "episodes": 5,
+        "frames": 500,
+        "per_task_min": 2,
+        "per_task_max": 3,
+        "init_states": [3, 12],
+        "eval_pairs": 10,
+        "eval_pairs_seen": 2,  # task 0 from init states 3 and 4; task 1's failed init state 0 does not count
+    }
+    assert zoo.demonstrations("synthetic", "libero_spatial", "0", 1) is None

@@ -26,6 +26,7 @@ SmolVLA on a local stand-in VLM (:func:`smolvla_smoke`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import jobs, paths
-from tutorial_utils.errors import ConfigError
+from tutorial_utils.errors import ConfigError, TutorialError
 from tutorial_utils.io import atomic_write_json
 from tutorial_utils.policies.base import PolicyUnavailable
 
@@ -319,6 +320,51 @@ def _budgeted_before(
     return None
 
 
+def demonstrations(dataset: str, suite: str, task_ids: str, trials_per_task: int) -> dict[str, Any] | None:
+    """What the families learn from, and how it meets the evaluation: the dataset's episodes and
+    frames and, from its ``meta/record_manifest.json`` (datasets the record job wrote), the
+    demonstrations per task, the init states they start from, and how many of the evaluated
+    (task, init state) pairs a demonstration started from (trial ``k`` of a task is evaluated from
+    its init state ``k``). None for the synthetic dataset."""
+    if dataset == "synthetic":
+        return None
+    from collections import Counter
+
+    from tutorial_utils.params import parse_task_ids
+    from tutorial_utils.sim.record import read_manifest
+    from tutorial_utils.train.job import resolve_dataset
+
+    root = resolve_dataset(dataset, paths.RUNS)  # a name or a path: run_dir is only used for synthetic
+    info = json.loads((root / "meta" / "info.json").read_text(encoding="utf-8"))
+    out: dict[str, Any] = {"episodes": info.get("total_episodes"), "frames": info.get("total_frames")}
+    manifest = read_manifest(root)
+    if not manifest:
+        return out
+    pairs = {
+        (int(e["task_id"]), int(e["init_state"]))
+        for e in manifest.get("episodes", [])
+        if e.get("success") and e.get("episode_index") is not None
+    }
+    if not pairs:
+        return out
+    per_task = Counter(t for t, _ in pairs)
+    inits = sorted({i for _, i in pairs})
+    tasks = parse_task_ids(task_ids)
+    if tasks is None:
+        from tutorial_utils.sim import libero_env
+
+        tasks = list(range(libero_env.num_tasks(suite)))
+    evaluated = {(t, k) for t in tasks for k in range(int(trials_per_task))}
+    out.update(
+        per_task_min=min(per_task.values()),
+        per_task_max=max(per_task.values()),
+        init_states=[inits[0], inits[-1]],
+        eval_pairs=len(evaluated),
+        eval_pairs_seen=len(evaluated & pairs),
+    )
+    return out
+
+
 def _load() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -515,6 +561,7 @@ def run(
             "replan_steps": replan_steps,
             "learning_rates": {f: LEARNING_RATES[f] for f in names},
             "cpu_count": os.cpu_count(),
+            "demonstrations": demonstrations(dataset, suite, task_ids, trials_per_task),
         },
         "rows": [],
         "curves": {},
@@ -977,6 +1024,12 @@ def promote(run_dir: str | os.PathLike, prefix: str | None = None) -> list[Path]
     if prefix is None:  # zoo_cpu.json, sweep_gpu.json...: the kind and the profile the job ran in
         profile = jobs.read_status(run_dir).get("profile") if Path(run_dir).is_dir() else None
         prefix = f"{zoo.get('kind', 'zoo')}_{profile or 'cpu'}"
+    cfg = zoo["config"]
+    if "demonstrations" not in cfg and cfg.get("dataset"):  # a zoo from before the field: read it now, if here
+        with contextlib.suppress(TutorialError, OSError):
+            cfg["demonstrations"] = demonstrations(
+                cfg["dataset"], cfg.get("suite", "libero_spatial"), cfg.get("task_ids", "all"), cfg["trials_per_task"]
+            )
     dest = paths.LOGS / f"{prefix}.json"
     atomic_write_json(dest, {**zoo, "promoted_from": paths.for_book(os.fspath(Path(run_dir)))})
     return [dest]
