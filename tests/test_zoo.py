@@ -68,6 +68,8 @@ def test_a_tiny_zoo_trains_evaluates_tabulates_and_promotes(tmp_path, runs_dir, 
     (dest,) = zoo.promote(tmp_path / "zoo2", prefix="zoo_test")
     assert json.loads(dest.read_text())["rows"][0]["family"] == "mini"
     assert zoo.load(dest)["promoted_from"].endswith("zoo2")
+    (again_dest,) = zoo.promote(dest, prefix="zoo_test")  # a promoted file promoted again keeps its source
+    assert zoo.load(again_dest)["promoted_from"].endswith("zoo2")
     data = json.loads((tmp_path / "zoo2" / zoo.ZOO_FILE).read_text())
     (tmp_path / "zoo2" / zoo.ZOO_FILE).write_text(json.dumps({**data, "finished": False}))
     with pytest.raises(ConfigError, match="did not finish"):

@@ -1013,7 +1013,9 @@ def per_task_figure(zoo: dict[str, Any]):
 
 def promote(run_dir: str | os.PathLike, prefix: str | None = None) -> list[Path]:
     """Copy a finished zoo's ``zoo.json`` (or a sweep's ``sweep.json``) into ``logs/<prefix>.json``
-    (the chapters read it and draw their figures from it). An unfinished one is refused."""
+    (the chapters read it and draw their figures from it). An unfinished one is refused. A zoo
+    from before ``config.demonstrations`` gets it here when its dataset is on this machine
+    (``zoo promote logs/zoo_cpu.json --prefix zoo_cpu`` fills in a promoted one)."""
     zoo = load(run_dir)
     if not zoo.get("finished"):
         planned = zoo["config"].get("families") or zoo["config"].get("values") or []
@@ -1031,7 +1033,9 @@ def promote(run_dir: str | os.PathLike, prefix: str | None = None) -> list[Path]
                 cfg["dataset"], cfg.get("suite", "libero_spatial"), cfg.get("task_ids", "all"), cfg["trials_per_task"]
             )
     dest = paths.LOGS / f"{prefix}.json"
-    atomic_write_json(dest, {**zoo, "promoted_from": paths.for_book(os.fspath(Path(run_dir)))})
+    # a promoted file promoted again (to fill in the demonstrations) keeps the run it came from
+    source = zoo.get("promoted_from") or paths.for_book(os.fspath(Path(run_dir)))
+    atomic_write_json(dest, {**zoo, "promoted_from": source})
     return [dest]
 
 
