@@ -182,3 +182,13 @@ def test_demonstrations_say_which_evaluated_init_states_were_demonstrated(tmp_pa
         "eval_pairs_seen": 2,  # task 0 from init states 3 and 4; task 1's failed init state 0 does not count
     }
     assert zoo.demonstrations("synthetic", "libero_spatial", "0", 1) is None
+
+
+def test_ladder_lines_up_one_family_under_several_budgets():
+    z = zoo.load(paths.LOGS / "zoo_cpu.json")
+    rows = [("a", z, z["rows"][0]), ("b", {**z, "config": {**z["config"], "replan_steps": 4}}, z["rows"][1])]
+    df = zoo.ladder(rows)
+    assert list(df.index) == ["a", "b"] and df.loc["a", "replan"] == "chunk" and df.loc["b", "replan"] == 4
+    assert df.loc["a", "success"].startswith(f"{z['rows'][0]['successes']}/{z['rows'][0]['episodes']}")
+    assert df.attrs["intervals"]["a"]["_lo"] == z["rows"][0]["ci95_low"]
+    zoo.ladder_figure(df)

@@ -1011,6 +1011,70 @@ def per_task_figure(zoo: dict[str, Any]):
     return fig
 
 
+def ladder(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
+    """One family's results under several budgets as a pandas DataFrame indexed by rung: each rung
+    is ``(label, zoo, row)`` (a zoo's results and the family's row in it). Columns: the
+    demonstrations (episodes, per task, init states, how many evaluated (task, init state) pairs
+    were demonstrated: :func:`demonstrations`), steps, batch size, training minutes, best
+    validation error, replan steps, success and its 95% interval."""
+    import pandas as pd
+
+    out = []
+    for label, res, r in rungs:
+        cfg = res.get("config", {})
+        d = cfg.get("demonstrations") or {}
+        per_task = (
+            f"{d['per_task_min']}-{d['per_task_max']}"
+            if d.get("per_task_min") != d.get("per_task_max")
+            else d.get("per_task_min")
+        )
+        out.append(
+            {
+                "rung": label,
+                "family": r["family"],
+                "demos": d.get("episodes"),
+                "per task": per_task,
+                "init states": f"{d['init_states'][0]}-{d['init_states'][1]}" if d.get("init_states") else None,
+                "demonstrated": f"{d['eval_pairs_seen']}/{d['eval_pairs']}" if d.get("eval_pairs") else None,
+                "steps": r["steps"],
+                "batch": cfg.get("batch_size"),
+                "train_min": r["train_min"],
+                "best_val_mae": round(r["best_val_action_mae"], 4)
+                if r.get("best_val_action_mae") is not None
+                else None,
+                "replan": cfg.get("replan_steps") or "chunk",
+                "success": f"{r['successes']}/{r['episodes']} ({100 * (r['success_rate'] or 0):.0f}%)",
+                "ci95": f"[{100 * r['ci95_low']:.0f}%, {100 * r['ci95_high']:.0f}%]",
+                "_rate": r["success_rate"] or 0.0,
+                "_lo": r["ci95_low"],
+                "_hi": r["ci95_high"],
+            }
+        )
+    df = pd.DataFrame(out).set_index("rung")
+    df.attrs["intervals"] = df[["_rate", "_lo", "_hi"]].to_dict("index")
+    return df.drop(columns=["_rate", "_lo", "_hi"])
+
+
+def ladder_figure(df):
+    """The ladder's success rates with their 95% intervals, one bar per rung (``ladder(...)``)."""
+    from matplotlib.figure import Figure
+
+    iv = df.attrs["intervals"]
+    fig = Figure(figsize=(7, 3.4), layout="constrained")
+    ax = fig.subplots()
+    for i, rung in enumerate(df.index):
+        p, lo, hi = iv[rung]["_rate"], iv[rung]["_lo"], iv[rung]["_hi"]
+        ax.bar(i, 100 * p, color=f"C{i % 10}")
+        ax.errorbar(i, 100 * p, yerr=[[100 * (p - lo)], [100 * (hi - p)]], color="black", capsize=4)
+        ax.text(i, 100 * hi + 2, df.loc[rung, "success"].split(" ")[0], ha="center", fontsize=8)
+    ax.set_xticks(range(len(df)), list(df.index), fontsize=8)
+    ax.set(
+        title=f"{df['family'].iloc[0]}: LIBERO success rate per rung (95% Wilson interval)", ylabel="%", ylim=(0, 110)
+    )
+    ax.grid(alpha=0.3, axis="y")
+    return fig
+
+
 def promote(run_dir: str | os.PathLike, prefix: str | None = None) -> list[Path]:
     """Copy a finished zoo's ``zoo.json`` (or a sweep's ``sweep.json``) into ``logs/<prefix>.json``
     (the chapters read it and draw their figures from it). An unfinished one is refused. A zoo
