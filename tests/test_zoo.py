@@ -174,7 +174,6 @@ def test_demonstrations_say_which_evaluated_init_states_were_demonstrated(tmp_pa
     d = zoo.demonstrations(str(root), "libero_spatial", "0,1", trials_per_task=5)
     assert d == {
         "episodes": 5,
-        "frames": 500,
         "per_task_min": 2,
         "per_task_max": 3,
         "init_states": [3, 12],

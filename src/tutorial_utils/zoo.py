@@ -321,8 +321,8 @@ def _budgeted_before(
 
 
 def demonstrations(dataset: str, suite: str, task_ids: str, trials_per_task: int) -> dict[str, Any] | None:
-    """What the families learn from, and how it meets the evaluation: the dataset's episodes and
-    frames and, from its ``meta/record_manifest.json`` (datasets the record job wrote), the
+    """What the families learn from, and how it meets the evaluation: the dataset's episodes and,
+    from its ``meta/record_manifest.json`` (datasets the record job wrote), the
     demonstrations per task, the init states they start from, and how many of the evaluated
     (task, init state) pairs a demonstration started from (trial ``k`` of a task is evaluated from
     its init state ``k``). None for the synthetic dataset."""
@@ -336,7 +336,7 @@ def demonstrations(dataset: str, suite: str, task_ids: str, trials_per_task: int
 
     root = resolve_dataset(dataset, paths.RUNS)  # a name or a path: run_dir is only used for synthetic
     info = json.loads((root / "meta" / "info.json").read_text(encoding="utf-8"))
-    out: dict[str, Any] = {"episodes": info.get("total_episodes"), "frames": info.get("total_frames")}
+    out: dict[str, Any] = {"episodes": info.get("total_episodes")}
     manifest = read_manifest(root)
     if not manifest:
         return out
@@ -1093,9 +1093,10 @@ def promote(run_dir: str | os.PathLike, prefix: str | None = None) -> list[Path]
     cfg = zoo["config"]
     if "demonstrations" not in cfg and cfg.get("dataset"):  # a zoo from before the field: read it now, if here
         with contextlib.suppress(TutorialError, OSError):
-            cfg["demonstrations"] = demonstrations(
+            d = demonstrations(
                 cfg["dataset"], cfg.get("suite", "libero_spatial"), cfg.get("task_ids", "all"), cfg["trials_per_task"]
             )
+            cfg["demonstrations"] = d and {**d, "read_at": "promotion"}  # from the dataset here now, not during the run
     dest = paths.LOGS / f"{prefix}.json"
     # a promoted file promoted again (to fill in the demonstrations) keeps the run it came from
     source = zoo.get("promoted_from") or paths.for_book(os.fspath(Path(run_dir)))
