@@ -189,5 +189,6 @@ def test_ladder_lines_up_one_family_under_several_budgets():
     df = zoo.ladder(rows)
     assert list(df.index) == ["a", "b"] and df.loc["a", "replan"] == "chunk" and df.loc["b", "replan"] == 4
     assert df.loc["a", "success"].startswith(f"{z['rows'][0]['successes']}/{z['rows'][0]['episodes']}")
-    assert df.attrs["intervals"]["a"]["_lo"] == z["rows"][0]["ci95_low"]
-    zoo.ladder_figure(df)
+    lo, hi = z["rows"][0]["ci95_low"], z["rows"][0]["ci95_high"]
+    assert df.loc["a", "ci95"] == f"[{100 * lo:.0f}%, {100 * hi:.0f}%]"
+    zoo.ladder_figure(rows)

@@ -330,7 +330,8 @@ def demonstrations(dataset: str, suite: str, task_ids: str, trials_per_task: int
         return None
     from collections import Counter
 
-    from tutorial_utils.params import parse_task_ids
+    from tutorial_utils.evaluate.loop import EvalConfig
+    from tutorial_utils.evaluate.parallel import resolve_task_ids
     from tutorial_utils.sim.record import read_manifest
     from tutorial_utils.train.job import resolve_dataset
 
@@ -349,11 +350,7 @@ def demonstrations(dataset: str, suite: str, task_ids: str, trials_per_task: int
         return out
     per_task = Counter(t for t, _ in pairs)
     inits = sorted({i for _, i in pairs})
-    tasks = parse_task_ids(task_ids)
-    if tasks is None:
-        from tutorial_utils.sim import libero_env
-
-        tasks = list(range(libero_env.num_tasks(suite)))
+    tasks = resolve_task_ids(EvalConfig(suite=suite, task_ids=task_ids))
     evaluated = {(t, k) for t in tasks for k in range(int(trials_per_task))}
     out.update(
         per_task_min=min(per_task.values()),
@@ -542,6 +539,8 @@ def run(
     Writes and returns ``zoo.json``'s content."""
     names = parse_families(families)
     _positive(trials_per_task=trials_per_task, workers=workers, batch_size=batch_size)
+    if replan_steps < 0:
+        raise ConfigError(f"replan_steps={replan_steps} must be >= 0 (0: each family's own)")
     run_dir = Path(run_dir)
     out: dict[str, Any] = {
         "kind": "zoo",
@@ -567,8 +566,6 @@ def run(
         "curves": {},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    if replan_steps < 0:
-        raise ConfigError(f"replan_steps={replan_steps} must be >= 0 (0: each family's own)")
     ev_params = _eval_params(suite, task_ids, trials_per_task, workers, max_steps, replan_steps)
     for fam in names:
         t0 = time.time()
@@ -900,6 +897,25 @@ def _label(r: dict) -> str:
     return r.get("label") or r["family"]
 
 
+def _success_text(r: dict) -> dict[str, str]:
+    """A row's success as ``k/n (p%)`` and its Wilson interval as ``[lo%, hi%]`` (``-`` without one)."""
+    ci = f"[{100 * r['ci95_low']:.0f}%, {100 * r['ci95_high']:.0f}%]" if r.get("ci95_low") is not None else "-"
+    return {"success": f"{r['successes']}/{r['episodes']} ({100 * (r['success_rate'] or 0):.0f}%)", "ci95": ci}
+
+
+def _success_bars(ax, labels: list[str], rows: list[dict], colors: list[str]) -> None:
+    """Success rates as bars with their 95% Wilson intervals and ``k/n`` above, one per row."""
+    for i, r in enumerate(rows):
+        p = r["success_rate"] or 0.0
+        lo, hi = (r.get("ci95_low") or 0.0), (r.get("ci95_high") or 0.0)
+        ax.bar(i, 100 * p, color=colors[i])
+        ax.errorbar(i, 100 * p, yerr=[[100 * (p - lo)], [100 * (hi - p)]], color="black", capsize=4)
+        ax.text(i, 100 * hi + 2, f"{r['successes']}/{r['episodes']}", ha="center", fontsize=8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8 if len(labels) < 5 else 7)
+    ax.set(ylabel="%", ylim=(0, 110))
+    ax.grid(alpha=0.3, axis="y")
+
+
 def table(zoo: dict[str, Any]):
     """The comparison as a pandas DataFrame indexed by family (a sweep: by its runs' values;
     success as k/n and rate, the Wilson interval as text), best success rate first."""
@@ -908,13 +924,11 @@ def table(zoo: dict[str, Any]):
     rows = []
     index = "run" if zoo.get("kind") == "sweep" else "family"
     for r in sorted(zoo["rows"], key=lambda r: -(r["success_rate"] or 0.0)):
-        ci = f"[{100 * r['ci95_low']:.0f}%, {100 * r['ci95_high']:.0f}%]" if r.get("ci95_low") is not None else "-"
         rows.append(
             {
                 **{k: r.get(k) for k in TABLE_COLUMNS if k not in ("success", "ci95", "family")},
                 "family": r["family"] if index == "family" else _label(r),
-                "success": f"{r['successes']}/{r['episodes']} ({100 * (r['success_rate'] or 0):.0f}%)",
-                "ci95": ci,
+                **_success_text(r),
             }
         )
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).set_index("family").rename_axis(index)
@@ -957,14 +971,8 @@ def figure(zoo: dict[str, Any]):
     colors = {f: f"C{i % 10}" for i, f in enumerate(fams)}
     fig = Figure(figsize=(13, 3.8), layout="constrained")
     ax_sr, ax_loss, ax_val = fig.subplots(1, 3)
-    for i, r in enumerate(zoo["rows"]):
-        p = r["success_rate"] or 0.0
-        lo, hi = (r.get("ci95_low") or 0.0), (r.get("ci95_high") or 0.0)
-        ax_sr.bar(i, 100 * p, color=colors[_label(r)])
-        ax_sr.errorbar(i, 100 * p, yerr=[[100 * (p - lo)], [100 * (hi - p)]], color="black", capsize=4)
-        ax_sr.text(i, 100 * hi + 2, f"{r['successes']}/{r['episodes']}", ha="center", fontsize=8)
-    ax_sr.set_xticks(range(len(fams)), fams, fontsize=8 if len(fams) < 5 else 7)
-    ax_sr.set(title="LIBERO success rate (95% Wilson interval)", ylabel="%", ylim=(0, 110))
+    _success_bars(ax_sr, fams, zoo["rows"], [colors[f] for f in fams])
+    ax_sr.set_title("LIBERO success rate (95% Wilson interval)")
     for fam, cur in zoo["curves"].items():
         if cur["train"]:
             s, loss = zip(*cur["train"], strict=True)
@@ -980,7 +988,6 @@ def figure(zoo: dict[str, Any]):
     for ax in (ax_loss, ax_val):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    ax_sr.grid(alpha=0.3, axis="y")
     return fig
 
 
@@ -1043,35 +1050,22 @@ def ladder(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
                 if r.get("best_val_action_mae") is not None
                 else None,
                 "replan": cfg.get("replan_steps") or "chunk",
-                "success": f"{r['successes']}/{r['episodes']} ({100 * (r['success_rate'] or 0):.0f}%)",
-                "ci95": f"[{100 * r['ci95_low']:.0f}%, {100 * r['ci95_high']:.0f}%]",
-                "_rate": r["success_rate"] or 0.0,
-                "_lo": r["ci95_low"],
-                "_hi": r["ci95_high"],
+                **_success_text(r),
             }
         )
-    df = pd.DataFrame(out).set_index("rung")
-    df.attrs["intervals"] = df[["_rate", "_lo", "_hi"]].to_dict("index")
-    return df.drop(columns=["_rate", "_lo", "_hi"])
+    return pd.DataFrame(out).set_index("rung")
 
 
-def ladder_figure(df):
-    """The ladder's success rates with their 95% intervals, one bar per rung (``ladder(...)``)."""
+def ladder_figure(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
+    """The rungs of :func:`ladder` as bars: success rate with its 95% interval, one per rung."""
     from matplotlib.figure import Figure
 
-    iv = df.attrs["intervals"]
     fig = Figure(figsize=(7, 3.4), layout="constrained")
     ax = fig.subplots()
-    for i, rung in enumerate(df.index):
-        p, lo, hi = iv[rung]["_rate"], iv[rung]["_lo"], iv[rung]["_hi"]
-        ax.bar(i, 100 * p, color=f"C{i % 10}")
-        ax.errorbar(i, 100 * p, yerr=[[100 * (p - lo)], [100 * (hi - p)]], color="black", capsize=4)
-        ax.text(i, 100 * hi + 2, df.loc[rung, "success"].split(" ")[0], ha="center", fontsize=8)
-    ax.set_xticks(range(len(df)), list(df.index), fontsize=8)
-    ax.set(
-        title=f"{df['family'].iloc[0]}: LIBERO success rate per rung (95% Wilson interval)", ylabel="%", ylim=(0, 110)
+    _success_bars(
+        ax, [label for label, _, _ in rungs], [r for _, _, r in rungs], [f"C{i % 10}" for i in range(len(rungs))]
     )
-    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(f"{rungs[0][2]['family']}: LIBERO success rate per rung (95% Wilson interval)")
     return fig
 
 

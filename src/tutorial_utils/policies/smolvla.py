@@ -42,7 +42,7 @@ HUB_VLM = "HuggingFaceTB/SmolVLM2-500M-Video-Instruct"
 #: the marker file a stand-in directory carries (what it is, its sizes, the tasks its vocabulary covers)
 STANDIN_FILE = "STANDIN.json"
 #: transformers versions LeRobot 0.4.4's smolvla extra accepts
-TRANSFORMERS_RANGE = ((4, 57, 1), (5, 0, 0))
+TRANSFORMERS_SPEC = ">=4.57.1,<5"
 SMOKE_COMMAND = "python -m tutorial_utils zoo smolvla-smoke"
 #: SmolVLM's special tokens (the processor reads them from the tokenizer by these names)
 SPECIAL_TOKENS = {
@@ -67,10 +67,6 @@ def environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in text.split(".")[:3])
-
-
 def transformers_problem() -> str | None:
     """None when this process can import a transformers SmolVLA accepts; otherwise why not and the fix."""
     fix = f"run it in the SmolVLA environment: `{SMOKE_COMMAND}` starts one (PYTHONPATH={ENV_DIR.name})"
@@ -78,9 +74,10 @@ def transformers_problem() -> str | None:
         import transformers
     except Exception as exc:  # noqa: BLE001 - 4.57 beside huggingface_hub 2.x raises ImportError or worse
         return f"transformers does not import here ({type(exc).__name__}: {str(exc)[:160]}); {fix}"
-    low, high = TRANSFORMERS_RANGE
-    if not low <= _version(transformers.__version__) < high:
-        return f"transformers {transformers.__version__} is installed, LeRobot 0.4.4's SmolVLA needs >=4.57.1,<5; {fix}"
+    from packaging.specifiers import SpecifierSet
+
+    if transformers.__version__ not in SpecifierSet(TRANSFORMERS_SPEC):
+        return f"transformers {transformers.__version__} is installed, LeRobot 0.4.4's SmolVLA needs {TRANSFORMERS_SPEC}; {fix}"
     return None
 
 
