@@ -41,7 +41,7 @@ def main() -> int:
     names = ["mini"] + [n for n in args.families.split(",") if n and n != "mini"]
     rows = []
     for name in names:
-        rows.append(zoo.time_family(name, steps, args.batch_size, zoo.TIMING_OVERRIDES.get(name, {}), round_trips=True))
+        rows.append(zoo.time_family(name, steps, args.batch_size, zoo.timing_overrides(name), round_trips=True))
         r = rows[-1]
         print(f"measured {name}: {r['s_per_step']} s/step", file=sys.stderr, flush=True)
     ref = rows[0]["s_per_step"]

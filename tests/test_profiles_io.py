@@ -15,6 +15,9 @@ def test_pick_follows_profile(monkeypatch):
     assert profiles.pick(ci=1, cpu=5, gpu=50) == 50
     assert profiles.pick(ci=1, cpu=5) == 5  # gpu falls back to cpu
     assert profiles.pick(ci=1) == 1
+    assert profiles.pick(ci=20, cpu=None) is None  # None is a value (no override), not "fall back to ci"
+    monkeypatch.setenv("TUTORIAL_PROFILE", "cpu")
+    assert profiles.pick(ci=20, cpu=None, gpu=3) is None and profiles.pick(ci=20, gpu=None) == 20
 
 
 def test_unknown_profile_is_a_clear_error(monkeypatch):

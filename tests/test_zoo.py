@@ -98,6 +98,10 @@ def test_the_catalog_matches_the_policy_registry():
     assert ours - {"mlp"} == set(cat.index)
     assert set(cat.index[cat["in the comparison"]]) == set(zoo.FAMILIES)
     assert cat.loc["smolvla", "GPU server"] and not cat.loc["smolvla", "trains here"]
+    # the RL rows say what ran: smoke tests only, and the trainer does not train SAC
+    assert not cat.loc["sac", "trains here"]
+    for name in ("sac", "tdmpc"):
+        assert "smoke test" in cat.loc[name, "here"] and "never evaluated in LIBERO" in cat.loc[name, "here"]
 
 
 def test_sweep_values_are_typed_and_checked():
@@ -135,14 +139,14 @@ def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_d
 
 @pytest.mark.parametrize("job", ["zoo.md", "sweep.md"])
 def test_full_size_profiles_evaluate_whole_episodes(job):
-    """`pick(ci=20, cpu=None)` would give the cpu profile the ci's 20-step episodes (None falls
-    back to ci): the full-size profiles must run episodes to the suite's limit (0)."""
+    """The ci profile runs short episodes; the full-size profiles run them to the suite's limit:
+    None, the one "no override" (no 0 sentinel: `pick(ci=20, cpu=None)` is None under cpu)."""
     from tutorial_utils import jobs
 
     nb = jobs.read_notebook(paths.JOBS / job)
     assert jobs.default_parameters(nb, profile="ci")["max_steps"] > 0
     for profile in ("cpu", "gpu"):
-        assert jobs.default_parameters(nb, profile=profile)["max_steps"] == 0
+        assert jobs.default_parameters(nb, profile=profile)["max_steps"] is None
 
 
 def test_a_rerun_reuses_the_earlier_budget(runs_dir):

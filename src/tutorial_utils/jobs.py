@@ -263,6 +263,55 @@ def extra_parameters(nb, parameters: dict[str, Any], defaults: dict[str, Any]) -
         raise JobParameterError(f"{exc}") from None
 
 
+#: the front matter key (under ``tutorial_job``) naming a job's config classes, ``"module:Class"``
+#: strings in order: its ``parameters`` cell is generated from them (:func:`generated_parameters`)
+CONFIGS_KEY = "configs"
+
+
+def config_classes(nb) -> list[type]:
+    """The config classes ``nb``'s front matter names (``tutorial_job: {configs: [...]}``)."""
+    import importlib
+
+    refs = (nb.metadata.get(JOB_METADATA) or {}).get(CONFIGS_KEY) or []
+    out = []
+    for ref in refs:
+        module, _, name = str(ref).partition(":")
+        out.append(getattr(importlib.import_module(module), name))
+    return out
+
+
+def generated_parameters(nb) -> str | None:
+    """The ``parameters`` cell ``nb`` should hold: generated from its config classes plus
+    ``run_dir = ""`` (None for a notebook that names no config classes)."""
+    from tutorial_utils import params
+
+    classes = config_classes(nb)
+    if not classes:
+        return None
+    return params.parameters_cell(*classes, extra=[f'{RUN_DIR_PARAM} = ""'])
+
+
+def write_parameters(notebooks: list[Path], write: bool) -> list[Path]:
+    """The job notebooks whose ``parameters`` cell differs from :func:`generated_parameters`;
+    with ``write`` the cell is rewritten in place (the rest of the file kept byte for byte)."""
+    stale = []
+    for path in notebooks:
+        text = path.read_text(encoding="utf-8")
+        want = generated_parameters(read_notebook(path))
+        if want is None:
+            continue
+        _, have = parameters_cell(read_notebook(path))
+        if have.strip() == want.strip():
+            continue
+        stale.append(path)
+        if write:
+            marker = ":tags: [parameters]\n\n"
+            i = text.index(marker) + len(marker)
+            j = text.index("\n```", i)
+            atomic_write_text(path, text[:i] + want + text[j:])
+    return stale
+
+
 def _type_name(value: Any) -> str:
     return "None" if value is None else type(value).__name__
 
@@ -691,8 +740,15 @@ def main(argv: list[str]) -> int:
     )
     r.add_argument("--quiet", action="store_true", help="do not echo the cells' output")
     sub.add_parser("list", help="list runs and their state")
-    sp = sub.add_parser("params", help="show a job's parameters and their defaults in the active profile")
-    sp.add_argument("notebook")
+    sp = sub.add_parser(
+        "params",
+        help="show a job's parameters and their defaults in the active profile; --write regenerates the "
+        "job notebooks' parameters cells from their config classes, --check fails if one is out of date",
+    )
+    sp.add_argument("notebook", nargs="?", help="a job notebook (default with --write/--check: every job)")
+    mode = sp.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="rewrite each stale parameters cell from its config")
+    mode.add_argument("--check", action="store_true", help="exit 1 naming each stale parameters cell")
     args = ap.parse_args(argv)
 
     try:
@@ -706,7 +762,18 @@ def main(argv: list[str]) -> int:
                     f"than {STALE_AFTER_S:.0f} s; its outputs are incomplete. Rerun the job into a new run directory."
                 )
             return 0
+        if args.cmd == "params" and (args.write or args.check):
+            targets = [resolve_notebook(args.notebook)] if args.notebook else sorted(paths.JOBS.glob("*.md"))
+            stale = write_parameters(targets, write=args.write)
+            for p in stale:
+                print(f"{'rewrote' if args.write else 'stale'}: {p} (its parameters cell != its config classes)")
+            if args.check and stale:
+                print("fix: python -m tutorial_utils job params --write", file=sys.stderr)
+                return 1
+            return 0
         if args.cmd == "params":
+            if not args.notebook:
+                ap.error("job params: name a notebook (or use --write / --check)")
             nb = read_notebook(resolve_notebook(args.notebook))
             for k, v in default_parameters(nb).items():
                 print(f"{k} = {v!r}")

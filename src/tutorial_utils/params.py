@@ -10,6 +10,13 @@ dataclass whose fields are declared with :func:`param` (default, help text, grou
 
 ``None`` is the one meaning of "no override" (use the default the job derives, for example the
 policy's own ``replan_steps``); a field that accepts it is typed ``X | None``.
+
+A field may take a different value in each run-size profile (:mod:`tutorial_utils.profiles`):
+``param(2, "...", cpu=5000, gpu=20000)``. The first value is the ``ci`` profile's; ``cpu`` falls back
+to it and ``gpu`` to ``cpu``. The dataclass's default is the active profile's value, so
+``TrainConfig()``, the CLI, the job notebook's generated ``parameters`` cell
+(:func:`parameters_cell`, written by ``python -m tutorial_utils job params --write``) and the
+book's tables all show the same numbers.
 """
 
 from __future__ import annotations
@@ -24,13 +31,54 @@ from typing import Any
 from tutorial_utils.errors import ConfigError
 
 
-def param(default: Any, help: str, group: str = "job") -> Any:
-    """A dataclass field with its help text and group (mutable defaults are copied per instance)."""
+class _Same:
+    """The value of the previous profile (``cpu`` falls back to ``ci``, ``gpu`` to ``cpu``)."""
+
+    def __repr__(self) -> str:
+        return "SAME"
+
+
+SAME: Any = _Same()
+
+
+def by_profile(ci: Any, cpu: Any = SAME, gpu: Any = SAME) -> dict[str, Any]:
+    """``{"ci": ..., "cpu": ..., "gpu": ...}`` with the fallbacks filled in. ``None`` is a value
+    like any other here (a profile's "no override"), never "fall back"."""
+    cpu = ci if cpu is SAME else cpu
+    return {"ci": ci, "cpu": cpu, "gpu": cpu if gpu is SAME else gpu}
+
+
+def _fresh(value: Any) -> Any:
+    return type(value)(value) if isinstance(value, (list, dict)) else value
+
+
+def param(default: Any, help: str, group: str = "job", *, cpu: Any = SAME, gpu: Any = SAME, job: bool = True) -> Any:
+    """A dataclass field with its help text and group (mutable defaults are copied per instance).
+
+    ``default`` is the ``ci`` profile's value; ``cpu``/``gpu`` give the other profiles' values
+    (see the module docstring). ``job=False`` keeps the field out of the job notebook's
+    ``parameters`` cell (a value the job sets itself, such as the train job's ``output_dir``)."""
+    meta: dict[str, Any] = {"help": help, "group": group, "job": job}
+    if cpu is not SAME or gpu is not SAME:
+        values = meta["profiles"] = by_profile(default, cpu, gpu)
+
+        def factory() -> Any:
+            from tutorial_utils import profiles
+
+            return _fresh(values[profiles.current()])
+
+        return dataclasses.field(default_factory=factory, metadata=meta)
     if isinstance(default, (list, dict)):
-        return dataclasses.field(
-            default_factory=lambda: type(default)(default), metadata={"help": help, "group": group}
-        )
-    return dataclasses.field(default=default, metadata={"help": help, "group": group})
+        return dataclasses.field(default_factory=lambda: _fresh(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def profile_values(f: dataclasses.Field) -> dict[str, Any]:
+    """A field's value in each profile (the same value three times for a field without profiles)."""
+    if "profiles" in f.metadata:
+        return dict(f.metadata["profiles"])
+    d = default_of(f)
+    return {"ci": d, "cpu": d, "gpu": d}
 
 
 def _hints(cls) -> dict[str, Any]:
@@ -61,7 +109,8 @@ def default_of(f: dataclasses.Field) -> Any:
 
 
 def fields_info(cls, aliases: Mapping[str, str] | None = None) -> list[dict]:
-    """One row per field: name, type, default, group, aliases, help."""
+    """One row per field: name, type, default (the active profile's), profiles (each profile's
+    value), group, aliases, help."""
     inv: dict[str, list[str]] = {}
     for a, c in (aliases or {}).items():
         inv.setdefault(c, []).append(a)
@@ -70,7 +119,9 @@ def fields_info(cls, aliases: Mapping[str, str] | None = None) -> list[dict]:
             "name": f.name,
             "type": type_name(cls, f.name),
             "default": default_of(f),
+            "profiles": profile_values(f),
             "group": f.metadata.get("group"),
+            "job": f.metadata.get("job", True),
             "aliases": inv.get(f.name, []),
             "help": f.metadata.get("help", ""),
         }
@@ -181,15 +232,71 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def default_text(profiles: Mapping[str, Any]) -> str:
+    """A default for a table: ``5`` or, when the profiles differ, ``ci 2, cpu 5000, gpu 20000``."""
+    if len({repr(v) for v in profiles.values()}) == 1:
+        return f"`{profiles['ci']!r}`"
+    return ", ".join(f"{k} `{v!r}`" for k, v in profiles.items())
+
+
 def markdown_table(cls, aliases: Mapping[str, str] | None = None, prefix: str = "") -> str:
-    """The book's and ``--list-params``' table: parameter, type, default, aliases, meaning."""
+    """The book's and ``--list-params``' table: parameter, type, default (each profile's where
+    they differ), aliases, meaning."""
     lines = ["| parameter | type | default | aliases | meaning |", "|---|---|---|---|---|"]
     for r in fields_info(cls, aliases):
         al = ", ".join(f"`{a}`" for a in r["aliases"])
         lines.append(
-            f"| `{prefix}{r['name']}` | {r['type'].replace(' | ', ' or ')} | `{r['default']!r}` | {al} | {r['help']} |"
+            f"| `{prefix}{r['name']}` | {r['type'].replace(' | ', ' or ')} | {default_text(r['profiles'])} | {al} "
+            f"| {r['help']} |"
         )
     return "\n".join(lines)
+
+
+#: the first line of every generated ``parameters`` cell
+GENERATED = "# generated from {classes} by `python -m tutorial_utils job params --write`: edit those, not this cell"
+
+
+def _literal(value: Any) -> str:
+    """A value as Python source (strings in double quotes, as the notebooks write them)."""
+    if isinstance(value, str) and '"' not in value and "\\" not in value and "\n" not in value:
+        return f'"{value}"'
+    return repr(value)
+
+
+def _comment(help: str, width: int = 110) -> str:
+    text = " ".join(str(help).split())
+    return text if len(text) <= width else text[: width - 3].rstrip() + "..."
+
+
+def parameters_cell(*classes: type, extra: Iterable[str] = ()) -> str:
+    """The source of a job notebook's ``parameters`` cell, generated from its config classes:
+    one line per field (``name = value`` or ``name = pick(ci=..., cpu=..., gpu=...)``) with its
+    help as a comment, then the ``extra`` lines (``run_dir = ""``). A name in two classes is an error."""
+    lines: list[str] = []
+    seen: dict[str, str] = {}
+    uses_pick = False
+    for cls in classes:
+        group = None
+        for r in fields_info(cls):
+            if not r["job"]:
+                continue
+            if r["name"] in seen:
+                raise ConfigError(f"parameter {r['name']!r} is declared by both {seen[r['name']]} and {cls.__name__}")
+            seen[r["name"]] = cls.__name__
+            if r["group"] != group:
+                group = r["group"]
+                lines.append(f"# {cls.__name__}: {group}")
+            v = r["profiles"]
+            if len({repr(x) for x in v.values()}) == 1:
+                value = _literal(v["ci"])
+            else:
+                uses_pick = True
+                value = f"pick(ci={_literal(v['ci'])}, cpu={_literal(v['cpu'])}, gpu={_literal(v['gpu'])})"
+            lines.append(f"{r['name']} = {value}  # {_comment(r['help'])}")
+    head = [GENERATED.format(classes=", ".join(c.__name__ for c in classes))]
+    if uses_pick:
+        head += ["from tutorial_utils.profiles import pick", ""]
+    return "\n".join([*head, *lines, *extra])
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()) -> None:

@@ -7,16 +7,28 @@
 - ``gpu``: a GPU server (bigger images, batches and trial counts; the ``dit4dit`` backend).
 
 papermill's ``-p name value`` overrides any single parameter on top of the profile.
+
+A job's parameters declare their per-profile values on their config class
+(``tutorial_utils.params.param(ci_value, help, cpu=..., gpu=...)``); :func:`pick` is what the
+generated ``parameters`` cells and the chapters' own cells call.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TypeVar
+from typing import Any, TypeVar
 
 PROFILES = ("ci", "cpu", "gpu")
 ENV_VAR = "TUTORIAL_PROFILE"
 T = TypeVar("T")
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+_UNSET: Any = _Unset()
 
 
 def current() -> str:
@@ -30,13 +42,14 @@ def current() -> str:
     return name
 
 
-def pick(ci: T, cpu: T | None = None, gpu: T | None = None) -> T:
-    """The value for the active profile. ``cpu`` falls back to ``ci``, ``gpu`` to ``cpu``."""
+def pick(ci: T, cpu: T = _UNSET, gpu: T = _UNSET) -> T:
+    """The value for the active profile. An omitted ``cpu`` falls back to ``ci``, an omitted ``gpu``
+    to ``cpu``. ``None`` is a value like any other (``pick(ci=20, cpu=None)`` is None under cpu:
+    "no override", never "fall back to ci")."""
     name = current()
+    cpu = ci if cpu is _UNSET else cpu
     if name == "ci":
         return ci
     if name == "cpu":
-        return ci if cpu is None else cpu
-    if gpu is not None:
-        return gpu
-    return ci if cpu is None else cpu
+        return cpu
+    return cpu if gpu is _UNSET else gpu

@@ -32,134 +32,109 @@ import math
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tutorial_utils import jobs, paths
 from tutorial_utils.errors import ConfigError, TutorialError
 from tutorial_utils.io import atomic_write_json
+from tutorial_utils.params import param
+from tutorial_utils.params import param as _param  # SweepConfig has a field named `param`
 from tutorial_utils.policies.base import PolicyUnavailable
 
-#: the families that train on the demonstrations and drive LIBERO through the policy server
-FAMILIES = ("mini", "act", "diffusion", "vqbet")
 ZOO_FILE = "zoo.json"
-#: the learning rate each family trains with (the rest of the training parameters are shared):
-#: mini is the small DiT the main chain trains at 3e-4; LeRobot's ACT, Diffusion Policy and VQ-BeT
-#: default to 1e-4 when trained from scratch (ACT's 1e-5 is for a pretrained backbone)
-LEARNING_RATES = {"mini": 3e-4, "act": 1e-4, "diffusion": 1e-4, "vqbet": 1e-4}
-#: parameters only the timing uses: VQ-BeT's first steps fit its VQ-VAE on actions alone (no images,
-#: milliseconds); its GPT phase is what most of its steps cost
-TIMING_OVERRIDES = {"vqbet": {"n_vqvae_training_steps": 1}}
+#: the catalogue's groups, in the order the platform guide presents them
+GROUPS = ("vision-language-action", "imitation learning", "policy learning", "reinforcement learning", "this book")
 
 
-#: the platform guide's families, in its four groups, with how far each goes in this project
-#: (``here``) and the guide's scenario for it; ``catalog()`` adds what the policy registry says
-CATALOG: tuple[dict[str, str], ...] = (
-    {
-        "family": "smolvla",
-        "group": "vision-language-action",
-        "scenario": "follow spoken instructions (tidy the table), with a GPU",
-        "here": "GPU server for its Hub weights (the error names the recipe); LeRobot's code runs here on a local "
-        "stand-in VLM with random weights (zoo smolvla-smoke: trained a few steps, reloaded, served)",
-    },
-    {
-        "family": "openvla",
-        "group": "vision-language-action",
-        "scenario": "complex scenes and long instructions, with a large GPU",
-        "here": "GPU server only (7.5B parameters, not in LeRobot); served to our client through a wrapper",
-    },
-    {
-        "family": "act",
-        "group": "imitation learning",
-        "scenario": "learn a task from expert demonstrations (sorting objects)",
-        "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
-    },
-    {
-        "family": "pi0",
-        "group": "imitation learning",
-        "scenario": "general manipulation from a pretrained VLA (openpi)",
-        "here": "GPU server only (openpi, ~3.5B); openpi's server speaks our client's protocol",
-    },
-    {
-        "family": "pi05",
-        "group": "imitation learning",
-        "scenario": "general manipulation; a LIBERO-tuned checkpoint is published",
-        "here": "GPU server only (openpi, ~3.5B); openpi's server speaks our client's protocol",
-    },
-    {
-        "family": "pi0_fast",
-        "group": "imitation learning",
-        "scenario": "Pi0 with faster, autoregressive action tokens",
-        "here": "GPU server only (openpi); its FAST tokenizer comes from the Hub",
-    },
-    {
-        "family": "diffusion",
-        "group": "policy learning",
-        "scenario": "precise multi-step manipulation (assembly), several ways to do a move",
-        "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
-    },
-    {
-        "family": "vqbet",
-        "group": "policy learning",
-        "scenario": "behaviours with a few distinct modes, as discrete action codes",
-        "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
-    },
-    {
-        "family": "sac",
-        "group": "reinforcement learning",
-        "scenario": "adaptive control learned from reward, online in a simulator",
-        "here": "built and updated from the demonstrations' transitions (a smoke test of the update)",
-    },
-    {
-        "family": "tdmpc",
-        "group": "reinforcement learning",
-        "scenario": "model-based control: a learned world model plans each action",
-        "here": "trained offline from the demonstrations with a sparse success reward, plus a closed-loop check",
-    },
-    {
-        "family": "mini",
-        "group": "this book",
-        "scenario": "the DiT4DiT recipe at laptop size (flow-matching DiT head)",
-        "here": "trained, served and evaluated by the main chain and in the comparison below",
-    },
-)
+def _families_with(attribute: str) -> list[type]:
+    """The registered TrainablePolicy classes (registration order) whose ``attribute`` is set."""
+    from tutorial_utils import policies
+
+    out = []
+    for name in policies.registered():
+        try:
+            cls = policies.family(name)
+        except PolicyUnavailable:  # a serving-only policy
+            continue
+        if getattr(cls, attribute, None):
+            out.append(cls)
+    return out
+
+
+def comparison_families() -> tuple[str, ...]:
+    """The families the comparison trains and evaluates: those whose class sets ``comparison = True``
+    (mini, act, diffusion, vqbet), in registration order."""
+    return tuple(cls.name for cls in _families_with("comparison"))
+
+
+def learning_rate(name: str) -> float | None:
+    """The peak learning rate the zoo trains family ``name`` with (its class's ``learning_rate``)."""
+    from tutorial_utils import policies
+
+    return policies.family(name).learning_rate
+
+
+def timing_overrides(name: str) -> dict[str, Any]:
+    """Config overrides only the zoo's step timing uses (the family's ``timing_overrides``)."""
+    from tutorial_utils import policies
+
+    return dict(policies.family(name).timing_overrides)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "FAMILIES":  # read from the families' classes when asked (it imports them)
+        return comparison_families()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def catalog():
-    """The guide's families as a pandas DataFrame: group, the guide's scenario, whether the
-    policy registry trains it here or only names its GPU-server recipe, and how far it goes here."""
+    """The families with a catalogue row (their class's ``catalog``) as a pandas DataFrame: group,
+    the guide's scenario, how far it goes here, whether the project's trainer trains it, whether
+    the comparison includes it and whether it needs a GPU server."""
     import pandas as pd
 
     from tutorial_utils import policies
 
-    trainable, gpu = set(policies.trainable()), set(policies.gpu_server())
+    gpu = set(policies.gpu_server())
+    classes = _families_with("catalog")
+    order = {g: i for i, g in enumerate(GROUPS)}
+    classes.sort(key=lambda c: order.get(c.catalog["group"], len(GROUPS)))
     rows = [
         {
-            **c,
-            "trains here": c["family"] in trainable,
-            "in the comparison": c["family"] in FAMILIES,
-            "GPU server": c["family"] in gpu,
+            "family": c.name,
+            "group": c.catalog["group"],
+            "scenario": c.catalog["scenario"],
+            "here": c.catalog["here"],
+            "trains here": c.name not in gpu and bool(c.trains_here),
+            "in the comparison": bool(c.comparison),
+            "GPU server": c.name in gpu,
         }
-        for c in CATALOG
+        for c in classes
     ]
     return pd.DataFrame(rows).set_index("family")
 
 
-def parse_families(text: str) -> list[str]:
-    """``"mini,act"`` -> ``["mini", "act"]``; an unknown or untrainable name is a clear error."""
+def parse_families(text: str | None) -> list[str]:
+    """``"mini,act"`` -> ``["mini", "act"]``, None -> every family of the comparison; an unknown or
+    untrainable name is a clear error."""
     from tutorial_utils import policies
 
+    families = comparison_families()
+    if text is None:
+        return list(families)
     names = [n.strip() for n in str(text).split(",") if n.strip()]
     if not names:
-        raise ConfigError(f"families={text!r}: name at least one of {', '.join(FAMILIES)}")
+        raise ConfigError(f"families={text!r}: name at least one of {', '.join(families)}")
     for n in names:
-        if n not in FAMILIES:
+        if n not in families:
             other = (
                 "it trains here but does not drive LIBERO from images (reinforcement learning: see its chapter)"
                 if n in policies.trainable()
                 else f"trainable families: {', '.join(policies.trainable())}"
             )
-            raise ConfigError(f"families: {n!r} is not in the zoo's comparison ({', '.join(FAMILIES)}); {other}")
+            raise ConfigError(f"families: {n!r} is not in the zoo's comparison ({', '.join(families)}); {other}")
     if len(set(names)) != len(names):
         raise ConfigError(f"families={text!r} names a family twice")
     return names
@@ -270,7 +245,7 @@ def calibrate(
                 "log_freq": log_freq,
                 "save_checkpoint": False,
                 "progress": False,
-                **{f"policy.{k}": v for k, v in TIMING_OVERRIDES.get(name, {}).items()},
+                **{f"policy.{k}": v for k, v in timing_overrides(name).items()},
             }
         )
         t0 = time.perf_counter()
@@ -458,7 +433,12 @@ def _positive(**values: int) -> None:
 
 
 def _eval_params(
-    suite: str, task_ids: str, trials_per_task: int, workers: int, max_steps: int | None, replan_steps: int = 0
+    suite: str,
+    task_ids: str,
+    trials_per_task: int,
+    workers: int,
+    max_steps: int | None,
+    replan_steps: int | None = None,
 ) -> dict:
     """The evaluate job's parameters every compared run is evaluated with (same client seed)."""
     out: dict[str, Any] = {
@@ -468,9 +448,9 @@ def _eval_params(
         "seed": 7,
         "workers": workers,
     }
-    if max_steps:  # 0 or None: the suite's own limit
+    if max_steps is not None:  # None: the suite's own limit
         out["max_steps"] = int(max_steps)
-    if replan_steps:  # 0: each family's own (its whole chunk, or its n_action_steps)
+    if replan_steps is not None:  # None: each family's own (its whole chunk, or its n_action_steps)
         out["replan_steps"] = int(replan_steps)
     return out
 
@@ -515,32 +495,106 @@ def _say(row: dict) -> None:
     )
 
 
-def run(
-    run_dir: str | os.PathLike,
-    families: str = ",".join(FAMILIES),
-    dataset: str = "synthetic",
-    train_minutes: float = 0.0,
-    steps: int = 2,
-    batch_size: int = 8,
-    eval_freq: int = 0,
-    log_freq: int = 1,
-    num_workers: int = 0,
-    seed: int = 42,
-    suite: str = "libero_spatial",
-    task_ids: str = "0",
-    trials_per_task: int = 1,
-    max_steps: int | None = None,
-    workers: int = 1,
-    replan_steps: int = 0,
-    echo: bool = False,
-) -> dict[str, Any]:
-    """The comparison (see the module docstring): ``train_minutes > 0`` is the CPU budget of
-    each family (turned into steps by timing it); ``0`` trains every family ``steps`` steps.
-    Writes and returns ``zoo.json``'s content."""
-    names = parse_families(families)
-    _positive(trials_per_task=trials_per_task, workers=workers, batch_size=batch_size)
-    if replan_steps < 0:
-        raise ConfigError(f"replan_steps={replan_steps} must be >= 0 (0: each family's own)")
+_DATASET = {
+    "cpu": "libero_spatial_no_noops_expert_128_lerobot",
+    "gpu": "libero_spatial_no_noops_expert_256_lerobot",
+}
+
+
+@dataclass
+class _Shared:
+    """The training and evaluation parameters every run of a zoo or a sweep shares."""
+
+    dataset: str = param(
+        "synthetic", "the demonstrations: a name under data/, a path, or synthetic", "training", **_DATASET
+    )
+    steps: int = param(2, "training steps of each run", "training")
+    batch_size: int = param(2, "samples per training step", "training", cpu=16, gpu=64)
+    eval_freq: int = param(
+        0, "validation (and the `best` checkpoint) every N steps (0: only at the end)", "training", cpu=250, gpu=1000
+    )
+    log_freq: int = param(1, "a loss line and a metrics row every N steps", "training", cpu=25, gpu=100)
+    num_workers: int = param(0, "DataLoader worker processes of each training", "training", cpu=1, gpu=8)
+    seed: int = param(42, "training seed of every run", "training")
+    suite: str = param("libero_spatial", "LIBERO suite of the evaluation", "evaluation")
+    task_ids: str = param("0", "tasks evaluated: all, 0-4, 0,3", "evaluation", cpu="all")
+    trials_per_task: int = param(1, "episodes per task (init states 0, 1, ...)", "evaluation", cpu=10, gpu=50)
+    max_steps: int | None = param(
+        20, "step limit per episode (None: the suite's limit, spatial 220)", "evaluation", cpu=None
+    )
+    workers: int = param(1, "LIBERO client processes per evaluation", "evaluation", cpu=2, gpu=8)
+
+    def check(self) -> None:
+        _positive(
+            trials_per_task=self.trials_per_task, workers=self.workers, batch_size=self.batch_size, steps=self.steps
+        )
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"max_steps={self.max_steps} must be >= 1 (None: the suite's own limit)")
+
+
+@dataclass
+class ZooConfig(_Shared):
+    """Every parameter of the zoo job (``notebooks/jobs/zoo.md``, generated from these fields)."""
+
+    families: str | None = param(
+        None, "comma-separated families (None: every family of the comparison: mini,act,diffusion,vqbet)", "zoo"
+    )
+    train_minutes: float | None = param(
+        None,
+        "the CPU budget of each family, minutes, turned into steps by timing it (None: train `steps` steps each)",
+        "zoo",
+        cpu=10.0,
+        gpu=30.0,
+    )
+    replan_steps: int | None = param(
+        None, "actions of each chunk executed before asking again (None: each family's own)", "evaluation"
+    )
+
+    def check(self) -> None:
+        super().check()
+        parse_families(self.families)
+        if self.replan_steps is not None and self.replan_steps < 1:
+            raise ConfigError(f"replan_steps={self.replan_steps} must be >= 1 (None: each family's own)")
+        if self.train_minutes is not None and self.train_minutes <= 0:
+            raise ConfigError(f"train_minutes={self.train_minutes} must be > 0 (None: train `steps` steps each)")
+
+
+@dataclass
+class SweepConfig(_Shared):
+    """Every parameter of the sweep job (``notebooks/jobs/sweep.md``, generated from these fields)."""
+
+    policy: str = _param("mini", "the family every run trains", "sweep")
+    param: str = _param(
+        "optimizer_lr", "the training parameter varied: any TrainConfig name or one of the family's own", "sweep"
+    )
+    values: str = _param("1e-4,1e-3", "the values of `param`, comma-separated", "sweep", cpu="1e-4,3e-4,1e-3")
+    steps: int = _param(4, "training steps of each run", "training", cpu=1500, gpu=20000)
+    batch_size: int = _param(2, "samples per training step", "training", cpu=32, gpu=64)
+    eval_freq: int = _param(
+        2, "validation (and the `best` checkpoint) every N steps (0: only at the end)", "training", cpu=250, gpu=2000
+    )
+    trials_per_task: int = _param(1, "episodes per task (init states 0, 1, ...)", "evaluation", cpu=2, gpu=50)
+    max_steps: int | None = _param(
+        10, "step limit per episode (None: the suite's limit, spatial 220)", "evaluation", cpu=None
+    )
+
+    def check(self) -> None:
+        super().check()
+        parse_values(self.policy, self.param, self.values)
+
+
+def run(run_dir: str | os.PathLike, echo: bool = False, **parameters: Any) -> dict[str, Any]:
+    """The comparison (see the module docstring) with the :class:`ZooConfig` ``parameters``:
+    ``train_minutes`` is the CPU budget of each family (turned into steps by timing it); None
+    trains every family ``steps`` steps. Writes and returns ``zoo.json``'s content."""
+    from tutorial_utils import params
+
+    cfg = params.from_mapping(ZooConfig, parameters, "the zoo job's parameters (ZooConfig)")
+    names = parse_families(cfg.families)
+    dataset, train_minutes, steps, batch_size = cfg.dataset, cfg.train_minutes, cfg.steps, cfg.batch_size
+    eval_freq, log_freq, num_workers, seed = cfg.eval_freq, cfg.log_freq, cfg.num_workers, cfg.seed
+    suite, task_ids, trials_per_task, max_steps = cfg.suite, cfg.task_ids, cfg.trials_per_task, cfg.max_steps
+    workers, replan_steps = cfg.workers, cfg.replan_steps
     run_dir = Path(run_dir)
     out: dict[str, Any] = {
         "kind": "zoo",
@@ -558,7 +612,7 @@ def run(
             "max_steps": max_steps,
             "workers": workers,
             "replan_steps": replan_steps,
-            "learning_rates": {f: LEARNING_RATES[f] for f in names},
+            "learning_rates": {f: learning_rate(f) for f in names},
             "cpu_count": os.cpu_count(),
             "demonstrations": demonstrations(dataset, suite, task_ids, trials_per_task),
         },
@@ -572,7 +626,7 @@ def run(
         load = _load()
         timing = None
         fam_steps = int(steps)
-        if train_minutes > 0:
+        if train_minutes:
             earlier = _budgeted_before(fam, dataset, batch_size, num_workers, seed, train_minutes)
             if earlier:  # a rerun continues with the earlier budget's steps (and reuses that training)
                 fam_steps, timing = earlier
@@ -593,10 +647,10 @@ def run(
         train_params = {
             **_train_params(fam, dataset, fam_steps, batch_size, eval_freq, log_freq, num_workers, seed),
             "save_freq": 0,  # the zoo evaluates `best`, saved at each validation that improves
-            "optimizer_lr": LEARNING_RATES[fam],
+            **({"optimizer_lr": learning_rate(fam)} if learning_rate(fam) else {}),
             "scheduler_warmup_steps": min(200, max(0, fam_steps // 10)),
         }
-        if train_minutes > 0:
+        if train_minutes:
             train_params["time_limit_min"] = _safety_limit(train_minutes)
         row, curves = _train_and_evaluate(fam, train_params, ev_params, echo, timing, load)
         row["zoo_s"] = round(time.time() - t0, 1)
@@ -643,33 +697,25 @@ def parse_values(policy: str, param: str, values: str) -> list[Any]:
     return out
 
 
-def sweep(
-    run_dir: str | os.PathLike,
-    param: str = "optimizer_lr",
-    values: str = "1e-4,1e-3",
-    policy: str = "mini",
-    dataset: str = "synthetic",
-    steps: int = 2,
-    batch_size: int = 8,
-    eval_freq: int = 0,
-    log_freq: int = 1,
-    num_workers: int = 0,
-    seed: int = 42,
-    suite: str = "libero_spatial",
-    task_ids: str = "0",
-    trials_per_task: int = 1,
-    max_steps: int | None = None,
-    workers: int = 1,
-    echo: bool = False,
-) -> dict[str, Any]:
+def sweep(run_dir: str | os.PathLike, echo: bool = False, **parameters: Any) -> dict[str, Any]:
     """Train ``policy`` once per value of ``param`` (everything else equal), evaluate each run's
     ``best`` checkpoint on the same episodes, pick the best run (success rate, then validation
     error), export its checkpoint as a bundle (parity checked), and evaluate the bundle through
     the policy server as a deployment would. Writes and returns ``sweep.json``'s content."""
+    from tutorial_utils import params
     from tutorial_utils.runs import export
 
-    vals = parse_values(policy, param, values)
-    _positive(trials_per_task=trials_per_task, workers=workers, batch_size=batch_size, steps=steps)
+    cfg = params.from_mapping(SweepConfig, parameters, "the sweep job's parameters (SweepConfig)")
+    param, policy, dataset, steps, batch_size = cfg.param, cfg.policy, cfg.dataset, cfg.steps, cfg.batch_size
+    eval_freq, log_freq, num_workers, seed = cfg.eval_freq, cfg.log_freq, cfg.num_workers, cfg.seed
+    suite, task_ids, trials_per_task, max_steps, workers = (
+        cfg.suite,
+        cfg.task_ids,
+        cfg.trials_per_task,
+        cfg.max_steps,
+        cfg.workers,
+    )
+    vals = parse_values(policy, param, cfg.values)
     run_dir = Path(run_dir)
     ev_params = _eval_params(suite, task_ids, trials_per_task, workers, max_steps)
     base = _train_params(policy, dataset, steps, batch_size, eval_freq, log_freq, num_workers, seed)

@@ -52,12 +52,14 @@ class EvalConfig:
     suite: str = param(
         "libero_spatial", "LIBERO suite: libero_spatial, libero_object, libero_goal, libero_10, libero_90"
     )
-    task_ids: str = param("all", "tasks to run: all, 0-4, 0,3 (one parser: tutorial_utils.params.parse_task_ids)")
-    trials_per_task: int = param(1, "episodes per task (init states 0, 1, ...; the benchmark uses 50)")
+    task_ids: str = param(
+        "0", "tasks to run: all, 0-4, 0,3 (one parser: tutorial_utils.params.parse_task_ids)", cpu="all"
+    )
+    trials_per_task: int = param(1, "episodes per task (init states 0, 1, ...; the benchmark uses 50)", gpu=50)
     seed: int = param(7, "seed of the client's numpy RNG")
     host: str = param("127.0.0.1", "policy server address (the chain starts it here)", "server")
     port: int = param(0, "policy server port (0: the chain picks a free one)", "server")
-    render_profile: str = param("fast", "fast | reference (the same profile recording uses)")
+    render_profile: str = param("fast", "fast | reference (the same profile recording uses)", gpu="reference")
     env_image_size: int = param(128, "camera render size (LIBERO's reference is 256)")
     max_steps: int | None = param(None, "step limit per episode (None: the suite's limit, spatial 220)")
     num_steps_wait: int = param(10, "settle steps with a do-nothing action before the policy acts")

@@ -25,9 +25,14 @@ from tutorial_utils.params import param
 class DownloadConfig:
     asset: str = param("dataset:libero_spatial", f"what to download: {', '.join(ASSETS)}", "download")
     dest: str = param(
-        "", "target folder; '': data/models/<repo> or data/datasets/<repo>; 'run': <run_dir>/<repo>", "download"
+        "run",
+        "target folder; '': data/models/<repo> or data/datasets/<repo>; 'run': <run_dir>/<repo>",
+        "download",
+        cpu="",
     )
-    endpoint: str = param("", "'' = the real Hub (or HF_ENDPOINT), a URL, or 'local' (a local stand-in)", "download")
+    endpoint: str = param(
+        "local", "'' = the real Hub (or HF_ENDPOINT), a URL, or 'local' (a local stand-in)", "download", cpu=""
+    )
     dry_run: bool = param(False, "plan only: files, bytes and the disk check, nothing downloaded", "download")
     timeout_s: float = param(30.0, "HF_HUB_DOWNLOAD_TIMEOUT for the download, seconds", "download")
 

@@ -50,6 +50,11 @@ def _is_trainable(target: Any) -> bool:
     return isinstance(target, type) and issubclass(target, TrainablePolicy)
 
 
+def registered() -> list[str]:
+    """Every registered name, in the order it was registered (the book's own families first)."""
+    return list(_REGISTRY)
+
+
 def available() -> list[str]:
     """Every registered name (trainable and serving-only)."""
     return sorted(_REGISTRY)

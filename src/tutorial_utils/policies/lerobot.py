@@ -1,6 +1,6 @@
 """LeRobot 0.4.4's own ACT, Diffusion Policy and VQ-BeT behind the policy seam (TD-MPC and SAC, on
 the same adapter, are in ``policies/lerobot_rl.py``), and the families that need a GPU server
-(Pi0, Pi0.5, Pi0-Fast, OpenVLA, and SmolVLA's recipe: :data:`GPU_RECIPES`, at the end of this module;
+(Pi0, Pi0.5, Pi0-Fast, OpenVLA, and SmolVLA's recipe: each class's ``gpu_recipe``, the ``*_RECIPE`` constants at the end of this module;
 SmolVLA's adapter and its local stand-in are ``policies/smolvla.py``).
 
 Each family here is a thin :class:`~tutorial_utils.policies.trainable.TrainablePolicy` around the
@@ -687,6 +687,15 @@ class ACTPolicy(LeRobotPolicy):
     name = "act"
     config_class = ACTConfig
     lerobot_type = "act"
+    catalog = {
+        "group": "imitation learning",
+        "scenario": "learn a task from expert demonstrations (sorting objects)",
+        "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
+    }
+    comparison = True
+    #: LeRobot's ACT, Diffusion Policy and VQ-BeT default to 1e-4 when trained from scratch
+    #: (ACT's 1e-5 is for a pretrained backbone)
+    learning_rate = 1e-4
 
 
 class DiffusionPolicy(LeRobotPolicy):
@@ -695,6 +704,13 @@ class DiffusionPolicy(LeRobotPolicy):
     name = "diffusion"
     config_class = DiffusionConfig
     lerobot_type = "diffusion"
+    catalog = {
+        "group": "policy learning",
+        "scenario": "precise multi-step manipulation (assembly), several ways to do a move",
+        "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
+    }
+    comparison = True
+    learning_rate = 1e-4
 
     def _training_batch(self, lb: dict) -> dict:
         lb = dict(lb)
@@ -713,6 +729,16 @@ class VQBeTPolicy(LeRobotPolicy):
     name = "vqbet"
     config_class = VQBeTConfig
     lerobot_type = "vqbet"
+    catalog = {
+        "group": "policy learning",
+        "scenario": "behaviours with a few distinct modes, as discrete action codes",
+        "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
+    }
+    comparison = True
+    learning_rate = 1e-4
+    #: the zoo's timing: its first steps fit the VQ-VAE on actions alone (no images, milliseconds);
+    #: its GPT phase is what most of its steps cost
+    timing_overrides = {"n_vqvae_training_steps": 1}
 
     def __init__(self, cfg: Any = None, statistics: Mapping[str, Any] | None = None):
         super().__init__(cfg, statistics)
@@ -825,79 +851,78 @@ _OPENPI_LICENCE = (
     "of the PaliGemma base they are built on"
 )
 
-GPU_RECIPES: dict[str, GPURecipe] = {
-    "smolvla": GPURecipe(
-        title="SmolVLA, 450M parameters, LeRobot 0.4.4's `smolvla`",
-        weights="the policy lerobot/smolvla_base and the VLM HuggingFaceTB/SmolVLM2-500M-Video-Instruct (its "
-        "config.json and processor/tokenizer are read from the Hub even when no weights are loaded)",
-        vram="not measured here; by arithmetic ~1.8 GB of float32 weights (450M) plus ~1.2 GB of gradients and Adam state for "
-        "the 99.9M trainable parameters (train_expert_only), plus activations that grow with batch_size (LeRobot's "
-        "recipe: 64; lower it on a smaller card)",
-        licence="Apache-2.0 (lerobot/smolvla_base and SmolVLM2)",
-        train="`pip install 'lerobot[smolvla]==0.4.4'` (brings transformers>=4.57.1,<5, which needs "
-        "huggingface_hub<1.0: use a separate environment from this project's huggingface_hub 2.x), then "
-        "`lerobot-train --policy.path=lerobot/smolvla_base --dataset.repo_id=<you>/<libero dataset, v3.0> "
-        "--batch_size=64 --steps=20000 --policy.device=cuda --output_dir=outputs/train/smolvla_libero`.",
-        serve="LeRobot 0.4.4 has no websocket policy server: on the GPU machine load the trained policy "
-        "(SmolVLAPolicy.from_pretrained(<output_dir>/checkpoints/last/pretrained_model)) behind a "
-        "tutorial_utils.policies.base.Policy whose infer() returns {'actions': (H, 7)} and serve it with this "
-        f"project's websocket server (tutorial_utils.serve.server.PolicyServer), then here `{CLIENT_COMMAND}`.",
-        why_not_here="its weights (lerobot/smolvla_base, SmolVLM2-500M) come from the Hub and 450M parameters are "
-        "a GPU job; its transformers 4.57 needs huggingface_hub<1.0, so here it runs only in the .smolvla folder "
-        "beside the venv (requirements-smolvla.txt), on a local stand-in VLM with random weights "
-        "(tutorial_utils.policies.smolvla).",
-    ),
-    "pi0": GPURecipe(
-        title="Pi0 (openpi), PaliGemma + a flow-matching action expert, ~3.5B parameters",
-        weights="openpi's gs://openpi-assets/checkpoints/pi0_base (no LIBERO-tuned Pi0 is published: fine-tune "
-        "it with openpi's pi0_libero config)",
-        vram="inference > 8 GB, LoRA fine-tuning > 22.5 GB, full fine-tuning > 70 GB (openpi's README)",
-        licence=_OPENPI_LICENCE,
-        train="clone Physical-Intelligence/openpi, `GIT_LFS_SKIP_SMUDGE=1 uv sync`, then "
-        "`uv run scripts/compute_norm_stats.py --config-name pi0_libero` and "
-        "`XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 uv run scripts/train.py pi0_libero --exp-name=<name>`.",
-        serve=_OPENPI_SERVE.format(config="pi0_libero", ckpt="checkpoints/pi0_libero/<name>/<step>"),
-        why_not_here=_OPENPI_NOTE,
-    ),
-    "pi05": GPURecipe(
-        title="Pi0.5 (openpi), Pi0 trained with knowledge insulation, ~3.5B parameters",
-        weights="openpi's gs://openpi-assets/checkpoints/pi05_base (to fine-tune) or pi05_libero (already "
-        "fine-tuned on LIBERO, ready to serve)",
-        vram="inference > 8 GB, LoRA fine-tuning > 22.5 GB, full fine-tuning > 70 GB (openpi's README)",
-        licence=_OPENPI_LICENCE,
-        train="in an openpi checkout: `uv run scripts/compute_norm_stats.py --config-name pi05_libero`, then "
-        "`XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 uv run scripts/train.py pi05_libero --exp-name=<name>`.",
-        serve=_OPENPI_SERVE.format(config="pi05_libero", ckpt="gs://openpi-assets/checkpoints/pi05_libero"),
-        why_not_here=_OPENPI_NOTE,
-    ),
-    "pi0_fast": GPURecipe(
-        title="Pi0-FAST (openpi), PaliGemma 3B decoding FAST action tokens autoregressively",
-        weights="openpi's gs://openpi-assets/checkpoints/pi0_fast_base (fine-tune it with openpi's "
-        "pi0_fast_libero config), plus the FAST tokenizer physical-intelligence/fast (Hub)",
-        vram="inference > 8 GB, LoRA fine-tuning > 22.5 GB, full fine-tuning > 70 GB (openpi's README)",
-        licence=_OPENPI_LICENCE,
-        train="in an openpi checkout: `uv run scripts/compute_norm_stats.py --config-name pi0_fast_libero`, "
-        "then `XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 uv run scripts/train.py pi0_fast_libero --exp-name=<name>`.",
-        serve=_OPENPI_SERVE.format(config="pi0_fast_libero", ckpt="checkpoints/pi0_fast_libero/<name>/<step>"),
-        why_not_here="its tokenizers come from the Hub, LeRobot 0.4.4's port needs transformers (not installed "
-        "here), and 3B parameters do not train on this CPU.",
-    ),
-    "openvla": GPURecipe(
-        title="OpenVLA 7B (Prismatic: SigLIP + DINOv2 + Llama 2 7B), not part of LeRobot",
-        weights="openvla/openvla-7b (fine-tune) or openvla/openvla-7b-finetuned-libero-spatial (LIBERO-tuned, LoRA r=32)",
-        vram="inference ~11 GB in bfloat16 (~6 GB 4-bit); LoRA fine-tuning fits a 40 GB A100 at a small batch; "
-        "full fine-tuning needs 2+ 80 GB GPUs (the OpenVLA maintainers)",
-        licence="MIT (OpenVLA code and weights); the Llama 2 base is under the Llama 2 Community License",
-        train="clone openvla/openvla, `pip install -e .`, then `torchrun --standalone --nnodes 1 "
-        "--nproc-per-node 1 vla-scripts/finetune.py --vla_path openvla/openvla-7b --data_root_dir <rlds dir> "
-        "--dataset_name libero_spatial_no_noops --lora_rank 32 --batch_size 8`.",
-        serve="OpenVLA's vla-scripts/deploy.py is a REST server (POST /act, json-numpy), not our protocol: wrap "
-        "the model (or that endpoint) in a tutorial_utils.policies.base.Policy whose infer() returns "
-        "{'actions': (1, 7)} (unnorm_key libero_spatial_no_noops) and serve it with tutorial_utils.serve.server.PolicyServer on "
-        f"the GPU machine, then here `{CLIENT_COMMAND}` (replan_steps 1).",
-        why_not_here="7.5B parameters are more than this machine's memory, and the weights come from the Hub.",
-    ),
-}
+#: each GPU-server family's recipe (its class's ``gpu_recipe``, the text of its error)
+SMOLVLA_RECIPE = GPURecipe(
+    title="SmolVLA, 450M parameters, LeRobot 0.4.4's `smolvla`",
+    weights="the policy lerobot/smolvla_base and the VLM HuggingFaceTB/SmolVLM2-500M-Video-Instruct (its "
+    "config.json and processor/tokenizer are read from the Hub even when no weights are loaded)",
+    vram="not measured here; by arithmetic ~1.8 GB of float32 weights (450M) plus ~1.2 GB of gradients and Adam state for "
+    "the 99.9M trainable parameters (train_expert_only), plus activations that grow with batch_size (LeRobot's "
+    "recipe: 64; lower it on a smaller card)",
+    licence="Apache-2.0 (lerobot/smolvla_base and SmolVLM2)",
+    train="`pip install 'lerobot[smolvla]==0.4.4'` (brings transformers>=4.57.1,<5, which needs "
+    "huggingface_hub<1.0: use a separate environment from this project's huggingface_hub 2.x), then "
+    "`lerobot-train --policy.path=lerobot/smolvla_base --dataset.repo_id=<you>/<libero dataset, v3.0> "
+    "--batch_size=64 --steps=20000 --policy.device=cuda --output_dir=outputs/train/smolvla_libero`.",
+    serve="LeRobot 0.4.4 has no websocket policy server: on the GPU machine load the trained policy "
+    "(SmolVLAPolicy.from_pretrained(<output_dir>/checkpoints/last/pretrained_model)) behind a "
+    "tutorial_utils.policies.base.Policy whose infer() returns {'actions': (H, 7)} and serve it with this "
+    f"project's websocket server (tutorial_utils.serve.server.PolicyServer), then here `{CLIENT_COMMAND}`.",
+    why_not_here="its weights (lerobot/smolvla_base, SmolVLM2-500M) come from the Hub and 450M parameters are "
+    "a GPU job; its transformers 4.57 needs huggingface_hub<1.0, so here it runs only in the .smolvla folder "
+    "beside the venv (requirements-smolvla.txt), on a local stand-in VLM with random weights "
+    "(tutorial_utils.policies.smolvla).",
+)
+PI0_RECIPE = GPURecipe(
+    title="Pi0 (openpi), PaliGemma + a flow-matching action expert, ~3.5B parameters",
+    weights="openpi's gs://openpi-assets/checkpoints/pi0_base (no LIBERO-tuned Pi0 is published: fine-tune "
+    "it with openpi's pi0_libero config)",
+    vram="inference > 8 GB, LoRA fine-tuning > 22.5 GB, full fine-tuning > 70 GB (openpi's README)",
+    licence=_OPENPI_LICENCE,
+    train="clone Physical-Intelligence/openpi, `GIT_LFS_SKIP_SMUDGE=1 uv sync`, then "
+    "`uv run scripts/compute_norm_stats.py --config-name pi0_libero` and "
+    "`XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 uv run scripts/train.py pi0_libero --exp-name=<name>`.",
+    serve=_OPENPI_SERVE.format(config="pi0_libero", ckpt="checkpoints/pi0_libero/<name>/<step>"),
+    why_not_here=_OPENPI_NOTE,
+)
+PI05_RECIPE = GPURecipe(
+    title="Pi0.5 (openpi), Pi0 trained with knowledge insulation, ~3.5B parameters",
+    weights="openpi's gs://openpi-assets/checkpoints/pi05_base (to fine-tune) or pi05_libero (already "
+    "fine-tuned on LIBERO, ready to serve)",
+    vram="inference > 8 GB, LoRA fine-tuning > 22.5 GB, full fine-tuning > 70 GB (openpi's README)",
+    licence=_OPENPI_LICENCE,
+    train="in an openpi checkout: `uv run scripts/compute_norm_stats.py --config-name pi05_libero`, then "
+    "`XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 uv run scripts/train.py pi05_libero --exp-name=<name>`.",
+    serve=_OPENPI_SERVE.format(config="pi05_libero", ckpt="gs://openpi-assets/checkpoints/pi05_libero"),
+    why_not_here=_OPENPI_NOTE,
+)
+PI0_FAST_RECIPE = GPURecipe(
+    title="Pi0-FAST (openpi), PaliGemma 3B decoding FAST action tokens autoregressively",
+    weights="openpi's gs://openpi-assets/checkpoints/pi0_fast_base (fine-tune it with openpi's "
+    "pi0_fast_libero config), plus the FAST tokenizer physical-intelligence/fast (Hub)",
+    vram="inference > 8 GB, LoRA fine-tuning > 22.5 GB, full fine-tuning > 70 GB (openpi's README)",
+    licence=_OPENPI_LICENCE,
+    train="in an openpi checkout: `uv run scripts/compute_norm_stats.py --config-name pi0_fast_libero`, "
+    "then `XLA_PYTHON_CLIENT_MEM_FRACTION=0.9 uv run scripts/train.py pi0_fast_libero --exp-name=<name>`.",
+    serve=_OPENPI_SERVE.format(config="pi0_fast_libero", ckpt="checkpoints/pi0_fast_libero/<name>/<step>"),
+    why_not_here="its tokenizers come from the Hub, LeRobot 0.4.4's port needs transformers (not installed "
+    "here), and 3B parameters do not train on this CPU.",
+)
+OPENVLA_RECIPE = GPURecipe(
+    title="OpenVLA 7B (Prismatic: SigLIP + DINOv2 + Llama 2 7B), not part of LeRobot",
+    weights="openvla/openvla-7b (fine-tune) or openvla/openvla-7b-finetuned-libero-spatial (LIBERO-tuned, LoRA r=32)",
+    vram="inference ~11 GB in bfloat16 (~6 GB 4-bit); LoRA fine-tuning fits a 40 GB A100 at a small batch; "
+    "full fine-tuning needs 2+ 80 GB GPUs (the OpenVLA maintainers)",
+    licence="MIT (OpenVLA code and weights); the Llama 2 base is under the Llama 2 Community License",
+    train="clone openvla/openvla, `pip install -e .`, then `torchrun --standalone --nnodes 1 "
+    "--nproc-per-node 1 vla-scripts/finetune.py --vla_path openvla/openvla-7b --data_root_dir <rlds dir> "
+    "--dataset_name libero_spatial_no_noops --lora_rank 32 --batch_size 8`.",
+    serve="OpenVLA's vla-scripts/deploy.py is a REST server (POST /act, json-numpy), not our protocol: wrap "
+    "the model (or that endpoint) in a tutorial_utils.policies.base.Policy whose infer() returns "
+    "{'actions': (1, 7)} (unnorm_key libero_spatial_no_noops) and serve it with tutorial_utils.serve.server.PolicyServer on "
+    f"the GPU machine, then here `{CLIENT_COMMAND}` (replan_steps 1).",
+    why_not_here="7.5B parameters are more than this machine's memory, and the weights come from the Hub.",
+)
 
 
 @dataclass
@@ -964,10 +989,12 @@ class GPUServerPolicy(nn.Module, TrainablePolicy):
     """A family whose weights and memory need a GPU server: building it explains where and how."""
 
     needs_gpu_server: ClassVar[bool] = True
+    #: what it needs and how it runs elsewhere (the text of its error and of chapter 9's list)
+    gpu_recipe: ClassVar[GPURecipe]
 
     @classmethod
     def recipe(cls) -> str:
-        return GPU_RECIPES[cls.name].message(cls.name)
+        return cls.gpu_recipe.message(cls.name)
 
     def __init__(self, cfg: Any = None, statistics: Mapping[str, Any] | None = None):
         raise PolicyUnavailable(self.recipe())
@@ -976,18 +1003,42 @@ class GPUServerPolicy(nn.Module, TrainablePolicy):
 class Pi0Policy(GPUServerPolicy):
     name = "pi0"
     config_class = Pi0Config
+    gpu_recipe = PI0_RECIPE
+    catalog = {
+        "group": "imitation learning",
+        "scenario": "general manipulation from a pretrained VLA (openpi)",
+        "here": "GPU server only (openpi, ~3.5B); openpi's server speaks our client's protocol",
+    }
 
 
 class Pi05Policy(GPUServerPolicy):
     name = "pi05"
     config_class = Pi0Config
+    gpu_recipe = PI05_RECIPE
+    catalog = {
+        "group": "imitation learning",
+        "scenario": "general manipulation; a LIBERO-tuned checkpoint is published",
+        "here": "GPU server only (openpi, ~3.5B); openpi's server speaks our client's protocol",
+    }
 
 
 class Pi0FastPolicy(GPUServerPolicy):
     name = "pi0_fast"
     config_class = Pi0FastConfig
+    gpu_recipe = PI0_FAST_RECIPE
+    catalog = {
+        "group": "imitation learning",
+        "scenario": "Pi0 with faster, autoregressive action tokens",
+        "here": "GPU server only (openpi); its FAST tokenizer comes from the Hub",
+    }
 
 
 class OpenVLAPolicy(GPUServerPolicy):
     name = "openvla"
     config_class = OpenVLAConfig
+    gpu_recipe = OPENVLA_RECIPE
+    catalog = {
+        "group": "vision-language-action",
+        "scenario": "complex scenes and long instructions, with a large GPU",
+        "here": "GPU server only (7.5B parameters, not in LeRobot); served to our client through a wrapper",
+    }

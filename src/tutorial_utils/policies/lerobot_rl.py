@@ -301,6 +301,12 @@ class TDMPCPolicy(_ClosedLoop, LeRobotPolicy):
     name = "tdmpc"
     config_class = TDMPCConfig
     lerobot_type = "tdmpc"
+    catalog = {
+        "group": "reinforcement learning",
+        "scenario": "model-based control: a learned world model plans each action",
+        "here": "a 2-step smoke test on a 24-frame synthetic source only: never trained on the recorded "
+        "demonstrations, never evaluated in LIBERO",
+    }
 
     @property
     def cameras(self) -> tuple[str, ...]:
@@ -450,6 +456,14 @@ class SACPolicy(_ClosedLoop, LeRobotPolicy):
     name = "sac"
     config_class = SACConfig
     lerobot_type = "sac"
+    #: its actor, critics and temperature need three optimisers (:meth:`update`); the trainer has one
+    trains_here = False
+    catalog = {
+        "group": "reinforcement learning",
+        "scenario": "adaptive control learned from reward, online in a simulator",
+        "here": "a 2-step smoke test of its update on a 24-frame synthetic source only: never trained on the "
+        "recorded demonstrations, never evaluated in LIBERO; the trainer does not train it (train policy=sac)",
+    }
 
     @property
     def cameras(self) -> tuple[str, ...]:

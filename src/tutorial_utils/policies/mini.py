@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tutorial_utils.errors import ConfigError
-from tutorial_utils.params import param
+from tutorial_utils.params import by_profile, param
 from tutorial_utils.policies.base import (
     BATCH_ACTION,
     BATCH_ACTION_IS_PAD,
@@ -59,10 +59,10 @@ from tutorial_utils.policies.trainable import TrainablePolicy
 class PolicyConfig:
     """The model's shape. Saved in ``config.json``; a checkpoint loads only into the same shape."""
 
-    image_size: int = param(64, "camera images are resized to this square size (a multiple of 16)", "model")
-    model_dim: int = param(128, "token width of the encoders and the DiT head", "model")
+    image_size: int = param(64, "camera images are resized to this square size (a multiple of 16)", "model", gpu=128)
+    model_dim: int = param(128, "token width of the encoders and the DiT head", "model", gpu=256)
     num_heads: int = param(4, "attention heads", "model")
-    action_depth: int = param(4, "DiT blocks in the action head", "model")
+    action_depth: int = param(4, "DiT blocks in the action head", "model", gpu=6)
     language_layers: int = param(1, "transformer layers of the instruction encoder", "model")
     vocab_size: int = param(4096, "hashed word vocabulary (no tokenizer download)", "model")
     max_words: int = param(24, "instruction words kept", "model")
@@ -292,6 +292,16 @@ class MiniPolicy(nn.Module, TrainablePolicy):
 
     name = "mini"
     config_class = PolicyConfig
+    catalog = {
+        "group": "this book",
+        "scenario": "the DiT4DiT recipe at laptop size (flow-matching DiT head)",
+        "here": "trained, served and evaluated by the main chain and in the comparison below",
+    }
+    comparison = True
+    #: the small DiT trains from scratch at 3e-4 (above the platform guide's 1e-5..1e-4 for fine-tuning)
+    learning_rate = 3e-4
+    #: the ci profile's 2-step smoke test trains only the action head (its encoders stay as built)
+    train_defaults = {"freeze_modules": by_profile("backbone", cpu="")}
 
     def __init__(self, cfg: PolicyConfig | None = None, statistics: Mapping[str, Any] | None = None):
         super().__init__()

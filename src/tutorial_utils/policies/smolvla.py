@@ -3,7 +3,7 @@ its code build, train, save, load and serve on this machine.
 
 The real SmolVLA is SmolVLM2-500M (its first 16 layers) plus a flow-matching action expert,
 fine-tuned from ``lerobot/smolvla_base``: Hub weights, 450M parameters, a GPU-server job
-(:data:`tutorial_utils.policies.lerobot.GPU_RECIPES`). Asked for that VLM, :class:`SmolVLAPolicy`
+(its ``gpu_recipe``, :data:`tutorial_utils.policies.lerobot.SMOLVLA_RECIPE`). Asked for that VLM, :class:`SmolVLAPolicy`
 raises :class:`PolicyUnavailable` with the recipe, as before.
 
 Asked for a local directory instead (``vlm_model_name=<dir>``), it builds LeRobot's own
@@ -33,7 +33,7 @@ from tutorial_utils import paths
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.params import param
 from tutorial_utils.policies.base import PolicyUnavailable
-from tutorial_utils.policies.lerobot import GPU_RECIPES, LeRobotPolicy
+from tutorial_utils.policies.lerobot import SMOLVLA_RECIPE, LeRobotPolicy
 
 #: the folder make setup installs requirements-smolvla.txt into (transformers 4.57 + huggingface_hub 0.35)
 ENV_DIR = paths.REPO / ".smolvla"
@@ -229,11 +229,18 @@ class SmolVLAPolicy(LeRobotPolicy):
     lerobot_type = "smolvla"
     #: its real weights need a GPU server: not in ``policies.trainable()``, the zoo or the serving registry
     needs_gpu_server: ClassVar[bool] = True
+    gpu_recipe = SMOLVLA_RECIPE
+    catalog = {
+        "group": "vision-language-action",
+        "scenario": "follow spoken instructions (tidy the table), with a GPU",
+        "here": "GPU server for its Hub weights (the error names the recipe); LeRobot's code runs here on a local "
+        "stand-in VLM with random weights (zoo smolvla-smoke: trained a few steps, reloaded, served)",
+    }
 
     @classmethod
     def recipe(cls) -> str:
         return (
-            GPU_RECIPES[cls.name].message(cls.name)
+            cls.gpu_recipe.message(cls.name)
             + f" Its code runs here on a stand-in VLM (random weights, for a smoke test): `{SMOKE_COMMAND}`."
         )
 

@@ -15,7 +15,15 @@ class TrainablePolicy:
     """The training seam. A family subclasses ``torch.nn.Module`` and this class, sets
     :attr:`name` and :attr:`config_class`, and implements ``__init__(config, statistics)``,
     :meth:`loss` and :meth:`predict`. Everything else (building from overrides, checkpoints,
-    serving, parameter counts, freezing by module name) is shared.
+    serving, parameter counts, freezing by module name) is shared, and the trainer calls only
+    what this class declares: :meth:`forward` (the loss, through ``nn.Module.__call__`` so DDP and
+    accelerate see it), :meth:`training_source` and :meth:`optimizer`, each with a default a
+    family may override.
+
+    The family's facts live here too, as class attributes the zoo, the train job and the book
+    read: :attr:`catalog` (its row in the zoo's catalogue), :attr:`comparison` (whether the zoo
+    compares it), :attr:`learning_rate`, :attr:`timing_overrides` and :attr:`train_defaults`.
+    A GPU-server family also sets ``needs_gpu_server`` and ``gpu_recipe``.
     """
 
     #: the registry name (also written into every checkpoint's config.json)
@@ -24,6 +32,20 @@ class TrainablePolicy:
     config_class: ClassVar[type] = type(None)
     #: the gripper convention of the actions the family predicts (LIBERO datasets: "dataset")
     gripper: ClassVar[str] = "dataset"
+    #: its row in the zoo's catalogue: ``{"group": ..., "scenario": ..., "here": ...}`` (what the
+    #: platform guide uses it for and exactly how far it goes in this project); None: not listed
+    catalog: ClassVar[Mapping[str, str] | None] = None
+    #: whether ``python -m tutorial_utils train policy=<name>`` (the project's trainer) trains it
+    trains_here: ClassVar[bool] = True
+    #: whether the zoo's comparison trains and evaluates it (``zoo.FAMILIES``)
+    comparison: ClassVar[bool] = False
+    #: the peak learning rate the zoo trains it with (None: the train job's ``optimizer_lr``)
+    learning_rate: ClassVar[float | None] = None
+    #: config overrides that only the zoo's step timing uses (``{field: value}``)
+    timing_overrides: ClassVar[Mapping[str, Any]] = {}
+    #: the train job's defaults for this family where a :class:`TrainConfig` field's default is
+    #: None ("the family's own"): ``{field: value}`` or ``{field: params.by_profile(ci, cpu, gpu)}``
+    train_defaults: ClassVar[Mapping[str, Any]] = {}
 
     cfg: Any
     statistics: dict
@@ -36,6 +58,47 @@ class TrainablePolicy:
     def predict(self, batch: Mapping[str, Any], generator=None):  # pragma: no cover - abstract
         """Action chunks (B, action_horizon, action_dim) float32 numpy in robot units."""
         raise NotImplementedError
+
+    def forward(self, batch: Mapping[str, Any], generator=None) -> dict:
+        """What the trainer calls (as ``model(batch, generator)``): the loss of a batch, as
+        :meth:`loss` returns it. A family whose ``forward`` means something else overrides this
+        with its own and keeps ``loss``."""
+        return self.loss(batch, generator)
+
+    # -- hooks of the trainer, with defaults
+    def training_source(self, source: Any) -> Any:
+        """The data the trainer draws windows from: the dataset source as it is (a family that
+        learns from longer windows, such as TD-MPC, wraps it)."""
+        return source
+
+    def parameter_groups(self, cfg: Any) -> list[dict]:
+        """The optimiser's parameter groups: every trainable parameter in one group (a family may
+        give its parts their own learning rates or weight decay)."""
+        return [{"params": [p for p in self.parameters() if p.requires_grad]}]  # type: ignore[attr-defined]
+
+    def optimizer(self, cfg: Any):
+        """The optimiser the trainer steps (``cfg`` is the ``TrainConfig``): AdamW with the
+        config's learning rate, betas and weight decay over :meth:`parameter_groups` (the fused
+        kernel where torch has one for the device). A family may return another."""
+        import torch
+
+        return torch.optim.AdamW(
+            self.parameter_groups(cfg),
+            lr=cfg.optimizer_lr,
+            betas=tuple(cfg.optimizer_betas),
+            weight_decay=cfg.optimizer_weight_decay,
+            fused=True,
+        )
+
+    @classmethod
+    def train_default(cls, name: str, fallback: Any = None) -> Any:
+        """This family's default for the train job's ``name`` in the active profile."""
+        from tutorial_utils import profiles
+
+        value = cls.train_defaults.get(name, fallback)
+        if isinstance(value, Mapping) and set(value) == set(profiles.PROFILES):
+            return value[profiles.current()]
+        return value
 
     # -- what the training data must provide
     @property

@@ -46,18 +46,21 @@ class RecordConfig:
     """Every parameter of the recording job (the job notebook, the CLI and the book's table)."""
 
     suite: str = param("libero_spatial", "LIBERO suite to record")
-    task_ids: Any = param("all", "tasks to record: all, 0-4, 0,3 or a list (tutorial_utils.params.parse_task_ids)")
-    episodes_per_task: int = param(5, "successful episodes per task (init states offset, offset+1, ...)")
+    task_ids: Any = param(
+        "2", "tasks to record: all, 0-4, 0,3 or a list (tutorial_utils.params.parse_task_ids)", cpu="all"
+    )
+    episodes_per_task: int = param(1, "successful episodes per task (init states offset, offset+1, ...)", cpu=5, gpu=50)
     init_state_offset: int = param(0, "first init state of each task")
-    image_size: int = param(128, "square camera size (LIBERO's reference is 256; an even number)")
+    image_size: int = param(128, "square camera size (LIBERO's reference is 256; an even number)", gpu=256)
     render_profile: str = param("fast", "fast | reference (the same profile evaluation uses)")
     seed: int = param(7, "seed of the expert's grasp search")
     attempts: int = param(4, "expert attempts per (task, init state) before the item is skipped")
     output_dir: str = param(
-        "",
+        "run",
         "dataset folder: empty for data/<suite>_no_noops_expert_<size>_lerobot, 'run' for <run_dir>/dataset, or a path",
+        cpu="",
     )
-    workers: int = param(1, "worker processes recording in parallel (each holds one LIBERO scene)")
+    workers: int = param(1, "worker processes recording in parallel (each holds one LIBERO scene)", cpu=2, gpu=8)
 
     def identity(self) -> dict:
         """What makes two recordings the same dataset (resuming needs these to match)."""

@@ -29,8 +29,8 @@ class DatasetNotReady(TutorialError, ValueError):
     """The dataset lacks what training needs (modality.json, statistics)."""
 
 
-def _p(default: Any, help: str, group: str = "training") -> Any:
-    return param(default, help, group)
+def _p(default: Any, help: str, group: str = "training", **profiles: Any) -> Any:
+    return param(default, help, group, **profiles)
 
 
 @dataclass
@@ -39,12 +39,19 @@ class TrainConfig:
 
     # data and run
     dataset: str = _p(
-        "",
-        "LeRobot v2.1 dataset directory (with meta/modality.json and statistics). "
-        "Alias data_mix: a name under data/ or a path.",
+        "synthetic",
+        "LeRobot v2.1 dataset: a name under data/, a path, or synthetic (a small generated one; the train job "
+        "writes it into the run directory). Alias data_mix.",
         "data",
+        cpu="libero_spatial_no_noops_expert_128_lerobot",
+        gpu="libero_spatial_no_noops_expert_256_lerobot",
     )
-    output_dir: str = _p("", "run directory: logs, metrics, checkpoints (a fresh one per run)", "data")
+    output_dir: str = _p(
+        "",
+        "run directory: logs, metrics, checkpoints (a fresh one per run; the train job's run directory)",
+        "data",
+        job=False,
+    )
     run_id: str = _p("", "experiment id printed in `[Exp: id]` lines (default: output_dir's name)", "data")
     val_fraction: float = _p(
         0.1,
@@ -61,22 +68,40 @@ class TrainConfig:
     policy_config: Any = dataclasses.field(default=None, metadata={"help": None, "group": "policy"})
     # the training platform's parameters
     batch_size: int = _p(
-        8, "samples per step per process (alias per_device_batch_size). 1-32; larger is steadier but needs more memory"
+        1,
+        "samples per step per process (alias per_device_batch_size). 1-32; larger is steadier but needs more memory",
+        cpu=32,
+        gpu=64,
     )
     steps: int = _p(
-        10_000, "total optimisation steps (alias max_train_steps). Start near 10k and adjust from the validation curve"
+        2,
+        "total optimisation steps (alias max_train_steps). Start near 10k and adjust from the validation curve",
+        cpu=5000,
+        gpu=20000,
     )
-    seed: int = _p(1000, "seed of the weights, the data order and the noise: same seed, same run")
-    num_workers: int = _p(1, "DataLoader worker processes (0: load in the main process). 1/2 to 1x the CPU cores")
+    seed: int = _p(42, "seed of the weights, the data order and the noise: same seed, same run")
+    num_workers: int = _p(
+        0, "DataLoader worker processes (0: load in the main process). 1/2 to 1x the CPU cores", cpu=1, gpu=8
+    )
     eval_freq: int = _p(
-        1000,
+        0,
         "evaluate the validation action error every N steps (alias eval_interval; "
         "about 10% of steps; 0: only at the end)",
+        cpu=500,
+        gpu=2000,
     )
     log_freq: int = _p(
-        10, "print the loss line and write a metrics row every N steps (alias logging_frequency; 10-100)"
+        1,
+        "print the loss line and write a metrics row every N steps (alias logging_frequency; 10-100)",
+        cpu=25,
+        gpu=100,
     )
-    save_freq: int = _p(3000, "save a checkpoint every N steps (alias save_interval; about 30% of steps)")
+    save_freq: int = _p(
+        0,
+        "save a checkpoint every N steps (alias save_interval; about 30% of steps; 0: only at the end)",
+        cpu=2500,
+        gpu=6000,
+    )
     time_limit_min: float = _p(
         0.0,
         "stop after this many minutes of training and finish as if `steps` were reached "
@@ -88,11 +113,15 @@ class TrainConfig:
         "keep only the newest N step_* checkpoints (never the one `last` points to, nor `best` and the "
         "step_* it came from); 0: keep all",
     )
-    optimizer_lr: float = _p(1e-4, "peak learning rate of AdamW (1e-5..1e-4; lower when fine-tuning)", "optimizer")
+    optimizer_lr: float = _p(
+        1e-4, "peak learning rate of the optimiser (1e-5..1e-4; lower when fine-tuning)", "optimizer", cpu=3e-4
+    )
     optimizer_weight_decay: float = _p(1e-4, "AdamW weight decay (0.0..0.01)", "optimizer")
     optimizer_grad_clip_norm: float = _p(1.0, "clip the gradient norm to this (1.0); 0 disables", "optimizer")
     optimizer_betas: tuple[float, ...] = _p((0.9, 0.95), "AdamW betas, e.g. 0.9,0.95 (DiT4DiT)", "optimizer")
-    scheduler_warmup_steps: int = _p(500, "linear warm-up steps from 0 to optimizer_lr (5-10% of steps)", "scheduler")
+    scheduler_warmup_steps: int = _p(
+        0, "linear warm-up steps from 0 to optimizer_lr (5-10% of steps)", "scheduler", cpu=200, gpu=1000
+    )
     scheduler_decay_steps: int = _p(
         0,
         "cosine decay steps after warm-up down to scheduler_decay_lr (80-90% of steps; 0: all remaining steps)",
@@ -108,9 +137,11 @@ class TrainConfig:
     pretrained_checkpoint: str = _p(
         "", "start from this policy checkpoint directory (same family and config)", "dit4dit"
     )
-    freeze_modules: str = _p(
-        "",
-        "comma-separated modules not to train, e.g. backbone or backbone.language_encoder (see --list-modules)",
+    freeze_modules: str | None = _p(
+        None,
+        "comma-separated modules not to train, e.g. backbone or backbone.language_encoder (see --list-modules); "
+        "'' trains everything; None: the family's own default (its train_defaults: mini freezes its backbone "
+        "in the ci profile, the others train everything)",
         "dit4dit",
     )
     resume: bool = _p(False, "continue the run in output_dir from checkpoints/last (exact: same losses)", "dit4dit")
@@ -211,7 +242,13 @@ class TrainConfig:
 
     @property
     def freeze_list(self) -> list[str]:
-        return [m.strip() for m in str(self.freeze_modules).split(",") if m.strip()]
+        """``freeze_modules`` as a list; None is the family's own default (``train_defaults``)."""
+        value = self.freeze_modules
+        if value is None:
+            from tutorial_utils import policies
+
+            value = policies.family(self.policy).train_default("freeze_modules", "")
+        return [m.strip() for m in str(value or "").split(",") if m.strip()]
 
 
 #: DiT4DiT's override names -> the canonical parameter.

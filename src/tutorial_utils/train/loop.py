@@ -1042,21 +1042,13 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     # model
     torch.manual_seed(cfg.seed)
     policy = policies.make(cfg.policy, cfg.policy_config, source.statistics)
-    if hasattr(policy, "training_source"):  # families that learn from longer windows (TD-MPC)
-        source = policy.training_source(source)
+    source = policy.training_source(source)  # the dataset, or a family's own windows (TD-MPC)
     if cfg.pretrained_checkpoint and resume_from is None:
         load_weights_into(policy, cfg.pretrained_checkpoint)
     frozen = apply_freeze(policy, cfg.freeze_list)
     counts = policy.parameter_counts()
-    params = [p for p in policy.parameters() if p.requires_grad]
-    # the fused AdamW kernel updates all tensors in one pass
-    optimizer = torch.optim.AdamW(
-        params,
-        lr=cfg.optimizer_lr,
-        betas=tuple(cfg.optimizer_betas),
-        weight_decay=cfg.optimizer_weight_decay,
-        fused=True,
-    )
+    optimizer = policy.optimizer(cfg)  # the family's choice; by default fused AdamW over its parameter groups
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     start_step = ckpt.restore(resume_from, policy, optimizer, scheduler) if resume_from is not None else 0
     if changed & {"optimizer_lr", "steps"}:  # the restored scheduler still holds the old peak and length

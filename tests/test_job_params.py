@@ -1,0 +1,102 @@
+"""Every job's ``parameters`` cell is generated from its config classes (``python -m tutorial_utils
+job params --write``), and drift either way fails here: a config field missing from the cell, a
+cell parameter no config declares, or a default that differs in any profile."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from tutorial_utils import jobs, params, paths
+
+JOBS = sorted(paths.JOBS.glob("*.md"))
+#: every job and the configs its cell comes from (a job without configs would slip through the check)
+EXPECTED = {
+    "download": ["DownloadConfig"],
+    "evaluate": ["EvalConfig", "BackendParams"],
+    "record_demos": ["RecordConfig"],
+    "sweep": ["SweepConfig"],
+    "train": ["TrainConfig", "BackendParams"],
+    "zoo": ["ZooConfig"],
+}
+
+
+def test_every_job_names_its_config_classes():
+    got = {p.stem: [c.__name__ for c in jobs.config_classes(jobs.read_notebook(p))] for p in JOBS}
+    assert got == EXPECTED
+
+
+@pytest.mark.parametrize("path", JOBS, ids=lambda p: p.stem)
+def test_the_parameters_cell_is_generated_from_the_config(path):
+    nb = jobs.read_notebook(path)
+    _, have = jobs.parameters_cell(nb)
+    assert have.strip() == jobs.generated_parameters(nb).strip(), (
+        f"{path.name}: its parameters cell is out of date; run `python -m tutorial_utils job params --write`"
+    )
+    # both ways, by name and by each profile's value
+    classes = jobs.config_classes(nb)
+    fields = {
+        f.name: f
+        for c in classes
+        for f in dataclasses.fields(c)
+        if f.metadata.get("help") and f.metadata.get("job", True)
+    }
+    for profile in ("ci", "cpu", "gpu"):
+        cell = jobs.default_parameters(nb, profile=profile)
+        assert set(cell) - {jobs.RUN_DIR_PARAM} == set(fields), path.name
+        for name, f in fields.items():
+            assert cell[name] == params.profile_values(f)[profile], (path.name, profile, name)
+
+
+def test_drift_is_found_both_ways_and_write_fixes_it(tmp_path, monkeypatch):
+    src = (paths.JOBS / "record_demos.md").read_text(encoding="utf-8")
+    nb_path = tmp_path / "record_demos.md"
+    # a parameter the config does not declare, and a config field the cell lacks
+    nb_path.write_text(src.replace("seed = 7", "seed_typo = 7"), encoding="utf-8")
+    assert jobs.write_parameters([nb_path], write=False) == [nb_path]
+    # a default that differs in one profile only
+    nb_path.write_text(src.replace("cpu=5, gpu=50", "cpu=6, gpu=50"), encoding="utf-8")
+    assert jobs.write_parameters([nb_path], write=False) == [nb_path]
+    assert jobs.write_parameters([nb_path], write=True) == [nb_path]
+    assert nb_path.read_text(encoding="utf-8") == src  # the rest of the file kept byte for byte
+    assert jobs.write_parameters([nb_path], write=False) == []
+
+
+def test_a_new_config_field_reaches_the_cell(monkeypatch):
+    """Adding a field to a config and rerunning the command is all it takes."""
+    from tutorial_utils.sim.record import RecordConfig
+
+    @dataclasses.dataclass(frozen=True)
+    class Grown(RecordConfig):
+        camera_fps: int = params.param(20, "a new parameter", cpu=10)
+
+    cell = params.parameters_cell(Grown, extra=['run_dir = ""'])
+    assert "camera_fps = pick(ci=20, cpu=10, gpu=10)  # a new parameter" in cell.splitlines()
+    with pytest.raises(Exception, match="declared by both"):
+        params.parameters_cell(RecordConfig, RecordConfig)
+
+
+def test_the_documented_command_checks_the_notebooks():
+    """The command CONTRIBUTING.md gives, as a contributor runs it."""
+    text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    assert "python -m tutorial_utils job params --write" in text
+    r = subprocess.run(
+        [sys.executable, "-m", "tutorial_utils", "job", "params", "--check"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_profile_values_keep_none_as_a_value():
+    @dataclasses.dataclass
+    class C:
+        limit: int | None = params.param(20, "h", cpu=None)
+
+    (f,) = dataclasses.fields(C)
+    assert params.profile_values(f) == {"ci": 20, "cpu": None, "gpu": None}
+    assert "ci `20`, cpu `None`, gpu `None`" in params.markdown_table(C)
