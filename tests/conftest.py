@@ -36,6 +36,20 @@ def write_notebook(path: Path, cells: list[tuple[str, str]], params: str | None 
 
 
 @pytest.fixture
+def registry():
+    """The policy registry, restored after the test: a test may ``register`` families of its own
+    without leaving them behind for the tests that run after it."""
+    from tutorial_utils import policies
+
+    saved = dict(policies._REGISTRY)
+    try:
+        yield policies
+    finally:
+        policies._REGISTRY.clear()
+        policies._REGISTRY.update(saved)
+
+
+@pytest.fixture
 def runs_dir(tmp_path, monkeypatch):
     """Point tutorial_utils.paths.RUNS at a temporary folder."""
     from tutorial_utils import paths

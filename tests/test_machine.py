@@ -24,9 +24,13 @@ def test_vram_verdict(accs, level, needle):
     assert got == level and needle in msg
 
 
-def test_accelerators_fall_back_to_the_cpu():
+def test_accelerators_fall_back_to_the_cpu(monkeypatch):
+    """With no GPU found by NVML or nvidia-smi (and torch not asked), the one accelerator is the CPU."""
+    monkeypatch.setattr(machine, "_nvml", lambda: [])
+    monkeypatch.setattr(machine, "_nvidia_smi", lambda: [])
     accs = machine.accelerators(use_torch=False)
-    assert accs and accs[0].kind in ("cuda", "cpu")
+    assert [a.kind for a in accs] == ["cpu"]
+    assert machine.vram_verdict(accs)[0] == "none"
 
 
 def test_disk_plan_warns_before_no_space_left(tmp_path, monkeypatch):

@@ -37,6 +37,7 @@ class ConstantPolicy(nn.Module, TrainablePolicy):
 
     name = "test_constant"
     config_class = ConstantConfig
+    catalog = {"group": "this book", "scenario": "a test's family", "here": "trained, saved and served by a test"}
 
     def __init__(self, cfg=None, statistics=None):
         super().__init__()
@@ -44,10 +45,7 @@ class ConstantPolicy(nn.Module, TrainablePolicy):
         self.statistics = dict(statistics or {})
         self.chunk = nn.Parameter(torch.zeros(self.cfg.action_horizon, 7))
 
-    def forward(self, batch, generator=None):
-        return self.loss(batch, generator)
-
-    def loss(self, batch, generator=None):
+    def loss(self, batch, generator=None):  # the seam's default forward calls it
         target = torch.as_tensor(batch[BATCH_ACTION], dtype=torch.float32)
         keep = (~torch.as_tensor(batch[BATCH_ACTION_IS_PAD]))[..., None].float()
         loss = (((self.chunk - target) ** 2) * keep).sum() / keep.sum().clamp_min(1)
@@ -93,7 +91,29 @@ def test_training_config_routes_family_parameters():
         TrainConfig.from_overrides({"steps": 2.5})
 
 
-def test_a_family_registered_in_a_test_trains_saves_and_serves(tmp_path):
+def test_a_family_registered_in_a_test_joins_the_catalogue_and_is_removed_afterwards(registry):
+    """One class and one ``register`` line: the zoo's catalogue lists it (its ``catalog`` row),
+    the catalogue's own test accepts it, the train CLI lists its parameters, and its train
+    defaults come from the seam (nothing frozen). The fixture removes it afterwards."""
+    from test_zoo import test_the_catalog_matches_the_policy_registry
+
+    from tutorial_utils import zoo
+    from tutorial_utils.train.cli import main
+
+    registry.register(ConstantPolicy.name, ConstantPolicy)
+    cat = zoo.catalog()
+    assert cat.loc["test_constant", "trains here"] and not cat.loc["test_constant", "in the comparison"]
+    test_the_catalog_matches_the_policy_registry()
+    assert "test_constant" not in zoo.FAMILIES
+    assert main(["--list-params", "policy=test_constant"]) == 0
+    assert TrainConfig.from_overrides({"policy": "test_constant"}).freeze_list == []
+
+
+def test_the_registry_fixture_restores_the_registry(registry):
+    assert ConstantPolicy.name not in policies.available()  # the test above registered it under the fixture
+
+
+def test_a_family_registered_in_a_test_trains_saves_and_serves(tmp_path, registry):
     policies.register(ConstantPolicy.name, ConstantPolicy)
     src = synthetic_source(n_episodes=5, length=12, image_size=16)
     cfg = TrainConfig.from_overrides(
@@ -198,3 +218,39 @@ def test_the_eval_client_reads_its_config_from_the_json_the_chain_writes(tmp_pat
     params.write_json(cfg, tmp_path / "client_config.json")
     back = params.parse_cli(EvalConfig, ["--config", str(tmp_path / "client_config.json"), "--seed", "9"], "p", "d")
     assert back == dataclasses.replace(cfg, seed=9)
+
+
+class SGDConstantPolicy(ConstantPolicy):
+    """The same family choosing its own optimiser through the seam (no trainer change)."""
+
+    name = "test_sgd_constant"
+    chosen: list = []
+
+    def optimizer(self, cfg):
+        opt = torch.optim.SGD(self.parameter_groups(cfg), lr=cfg.optimizer_lr)
+        SGDConstantPolicy.chosen.append(type(opt).__name__)
+        return opt
+
+
+def test_a_family_chooses_its_optimizer(tmp_path, registry):
+    registry.register(SGDConstantPolicy.name, SGDConstantPolicy)
+    src = synthetic_source(n_episodes=4, length=10, image_size=16)
+    cfg = TrainConfig.from_overrides(
+        {**RUN, "policy": SGDConstantPolicy.name, "steps": 10, "optimizer_lr": 0.1, "output_dir": str(tmp_path / "r")}
+    )
+    res = train(cfg, source=src)
+    assert SGDConstantPolicy.chosen == ["SGD"] and res.steps_done == 10
+    assert policies.load(tmp_path / "r" / "checkpoints" / "last").chunk.abs().sum() > 0  # SGD moved the weights
+
+
+@pytest.mark.parametrize("family", ["mlp", "act"])
+def test_the_train_job_runs_every_family_in_the_ci_profile(family, runs_dir, monkeypatch):
+    """The job's ci defaults once froze `backbone`, which only mini has: family-specific defaults
+    (``freeze_modules``) now come from the family, so ``-p policy <family>`` runs as it is."""
+    from tutorial_utils import jobs, paths
+
+    monkeypatch.setenv("TUTORIAL_PROFILE", "ci")
+    extra = {"chunk_size": 4, "n_action_steps": 4, "dim_model": 32, "n_encoder_layers": 1} if family == "act" else {}
+    res = jobs.run_notebook(paths.JOBS / "train.md", {"policy": family, **extra}, runs_dir / "t")
+    status = jobs.read_status(res.run_dir)
+    assert all(status["success_signs"].values()) and status["train"]["steps_done"] == 2

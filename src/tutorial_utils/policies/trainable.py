@@ -59,6 +59,13 @@ class TrainablePolicy:
         """Action chunks (B, action_horizon, action_dim) float32 numpy in robot units."""
         raise NotImplementedError
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # ``class F(nn.Module, TrainablePolicy)`` finds nn.Module's placeholder forward first; a
+        # family that defines none gets the seam's
+        if getattr(cls.forward, "__name__", "") == "_forward_unimplemented":
+            cls.forward = TrainablePolicy.forward  # type: ignore[method-assign]
+
     def forward(self, batch: Mapping[str, Any], generator=None) -> dict:
         """What the trainer calls (as ``model(batch, generator)``): the loss of a batch, as
         :meth:`loss` returns it. A family whose ``forward`` means something else overrides this
