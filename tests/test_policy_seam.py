@@ -96,7 +96,6 @@ def test_a_family_registered_in_a_test_joins_the_catalogue_and_is_removed_afterw
     the catalogue's own test accepts it, the train CLI lists its parameters, and its train
     defaults come from the seam (nothing frozen). The fixture removes it afterwards."""
     from test_zoo import test_the_catalog_matches_the_policy_registry
-
     from tutorial_utils import zoo
     from tutorial_utils.train.cli import main
 
