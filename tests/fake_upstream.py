@@ -1,6 +1,6 @@
 """A fake upstream DiT4DiT checkout for the bridge's tests: :func:`write_fake_checkout`.
 
-Small scripts at upstream's paths (upstream ``0362b34``, FACTS.md section 11) that record their
+Small scripts at upstream's paths (upstream ``0362b34``, docs/FACTS.md section 11) that record their
 argv, working directory and environment into ``<checkout>/.fake_records/<name>.json``, enforce
 upstream's contracts with its exact error texts, and log through a real
 ``rich.logging.RichHandler`` on the root logger as upstream's ``overwatch.py`` configures it:

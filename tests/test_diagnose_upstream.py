@@ -1,4 +1,4 @@
-"""The diagnosis reads upstream DiT4DiT's real logs (issue 13, item 5; FACTS.md section 11).
+"""The diagnosis reads upstream DiT4DiT's real logs (issue 13, item 5; docs/FACTS.md section 11).
 
 The logs come from ``upstream_logs``: records rendered by a real ``rich.logging.RichHandler``
 configured like upstream's (80 columns, so messages wrap; 200 columns), or plain logging, with

@@ -1,4 +1,4 @@
-"""The ``dit4dit`` client profile (upstream's LIBERO client wire shape, FACTS.md section 11) and our
+"""The ``dit4dit`` client profile (upstream's LIBERO client wire shape, docs/FACTS.md section 11) and our
 server's ``dit4dit`` replies: preprocessing on known arrays, un-normalisation, whole chunks, bad
 statistics files, the round trip through our server, and one real LIBERO episode."""
 

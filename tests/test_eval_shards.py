@@ -289,7 +289,7 @@ def test_a_failing_worker_stops_the_run_and_shows_its_traceback(tmp_path, fake_w
 
 
 def _documented(path: Path) -> list[str]:
-    """The lines of FACTS.md section 5 in a client log (LIBERO and robosuite print their own too)."""
+    """The lines of docs/FACTS.md section 5 in a client log (LIBERO and robosuite print their own too)."""
     heads = tuple(
         getattr(logs, name).split("{")[0]
         for name in dir(logs)

@@ -100,3 +100,19 @@ def test_profile_values_keep_none_as_a_value():
     (f,) = dataclasses.fields(C)
     assert params.profile_values(f) == {"ci": 20, "cpu": None, "gpu": None}
     assert "ci `20`, cpu `None`, gpu `None`" in params.markdown_table(C)
+
+
+def test_the_facts_the_code_cites_are_in_the_repository():
+    """Comments cite ``docs/FACTS.md section N``: the file is here and has every cited section."""
+    import re
+
+    facts = (REPO / "docs" / "FACTS.md").read_text(encoding="utf-8")
+    sections = {int(m) for m in re.findall(r"^## (\d+)\.", facts, flags=re.M)}
+    cited: dict[int, list[str]] = {}
+    for path in sorted((REPO / "src").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"(?<![/\w])FACTS\.md", text), f"{path}: cite docs/FACTS.md (the file in the repository)"
+        for m in re.finditer(r"docs/FACTS\.md sections? (\d+)(?: and (\d+))?", text):
+            for n in filter(None, m.groups()):
+                cited.setdefault(int(n), []).append(path.name)
+    assert cited and set(cited) <= sections, {n: cited[n] for n in set(cited) - sections}

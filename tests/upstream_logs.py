@@ -10,7 +10,7 @@ see Rich's exact output (blank repeated times, wrapping, folding, tracebacks in 
 resets the root logger to it after its imports. ``print`` output, tqdm bars and uncaught
 tracebacks reach a captured log unformatted in both.
 
-The scripts' lines follow FACTS.md section 11 (train.py's stage order, the server's and the
+The scripts' lines follow docs/FACTS.md section 11 (train.py's stage order, the server's and the
 client's lines); the error texts are the upstream and library strings each detector names.
 """
 

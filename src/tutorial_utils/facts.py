@@ -19,23 +19,27 @@ from __future__ import annotations
 from typing import Any
 
 _SEED = "the seed reproduction's chapter (shared seeds/000_6a9af98b9ab55ff7.txt"
-_DIT4DIT_README = "DiT4DiT README (Mondo-Robotics/DiT4DiT), reported LIBERO success, 50 trials per task; FACTS.md s1"
-_RECIPE = "DiT4DiT run_libero.sh (official LIBERO recipe); FACTS.md s1"
-_LIBERO_EVAL = "openpi examples/libero/main.py and DiT4DiT examples/LIBERO/eval_files/eval_libero.py; FACTS.md s5"
-_LEROBOT_CFG = "LeRobot TrainPipelineConfig defaults; FACTS.md s7"
+_DIT4DIT_README = (
+    "DiT4DiT README (Mondo-Robotics/DiT4DiT), reported LIBERO success, 50 trials per task; docs/FACTS.md section 1"
+)
+_RECIPE = "DiT4DiT run_libero.sh (official LIBERO recipe); docs/FACTS.md section 1"
+_LIBERO_EVAL = (
+    "openpi examples/libero/main.py and DiT4DiT examples/LIBERO/eval_files/eval_libero.py; docs/FACTS.md section 5"
+)
+_LEROBOT_CFG = "LeRobot TrainPipelineConfig defaults; docs/FACTS.md section 7"
 
 FACTS: dict[str, dict[str, Any]] = {
     # --- the public dataset DiT4DiT trains on -----------------------------------------------------
     "ipec_spatial_episodes": {
         "value": 432,
         "unit": "episodes",
-        "source": "IPEC-COMMUNITY/libero_spatial_no_noops_1.0.0_lerobot meta/info.json total_episodes; FACTS.md s2",
+        "source": "IPEC-COMMUNITY/libero_spatial_no_noops_1.0.0_lerobot meta/info.json total_episodes; docs/FACTS.md section 2",
     },
     "ipec_spatial_frames": {
         "value": 52_970,
         "unit": "frames",
         "source": "IPEC-COMMUNITY/libero_spatial_no_noops_1.0.0_lerobot meta/info.json total_frames "
-        "(= len(vla_train_dataloader) at batch 1 in the seed's log); FACTS.md s2",
+        "(= len(vla_train_dataloader) at batch 1 in the seed's log); docs/FACTS.md section 2",
     },
     "ipec_spatial_size_mb": {
         "value": 362,
@@ -45,13 +49,13 @@ FACTS: dict[str, dict[str, Any]] = {
     "ipec_image_size": {
         "value": 256,
         "unit": "px",
-        "source": "IPEC meta/info.json: observation.images.* shape [256, 256, 3]; FACTS.md s5 (render resolution 256)",
+        "source": "IPEC meta/info.json: observation.images.* shape [256, 256, 3]; docs/FACTS.md section 5 (render resolution 256)",
     },
     "libero_image_rotation_degrees": {
         "value": 180,
         "unit": "degrees",
         "source": "robosuite renders LIBERO's cameras upside down; openpi and DiT4DiT clients rotate by 180 degrees "
-        "(img[::-1, ::-1]); FACTS.md s5",
+        "(img[::-1, ::-1]); docs/FACTS.md section 5",
     },
     "libero_fps": {
         "value": 20,
@@ -84,47 +88,47 @@ FACTS: dict[str, dict[str, Any]] = {
     "dit4dit_extract_layer": {
         "value": 17,
         "unit": "layer (block) index",
-        "source": "DiT4DiT/config/libero/dit4dit_libero.yaml extract_layer; FACTS.md s1",
+        "source": "DiT4DiT/config/libero/dit4dit_libero.yaml extract_layer; docs/FACTS.md section 1",
     },
     "dit4dit_image_size": {
         "value": 224,
         "unit": "px",
-        "source": "DiT4DiT eval_libero.py / model2libero_interface.py: frames resized to 224x224; FACTS.md s1",
+        "source": "DiT4DiT eval_libero.py / model2libero_interface.py: frames resized to 224x224; docs/FACTS.md section 1",
     },
     "dit4dit_state_dim": {
         "value": 16,
         "unit": "dims",
-        "source": "DiT4DiT LIBERO config state_dim (8-D state as sin/cos); FACTS.md s1",
+        "source": "DiT4DiT LIBERO config state_dim (8-D state as sin/cos); docs/FACTS.md section 1",
     },
     "dit4dit_future_frames": {
         "value": (2, 4, 6, 8),
         "unit": "frame offsets",
-        "source": "DiT4DiT future_video_loss on future frames; FACTS.md s1",
+        "source": "DiT4DiT future_video_loss on future frames; docs/FACTS.md section 1",
     },
     "dit4dit_flow_time_beta_alpha": {
         "value": 1.5,
         "unit": "",
-        "source": "DiT4DiT action head (GR00T style): t ~ Beta(1.5, 1.0); FACTS.md s1",
+        "source": "DiT4DiT action head (GR00T style): t ~ Beta(1.5, 1.0); docs/FACTS.md section 1",
     },
     "dit4dit_chunk_ms": {
         "value": 400,
         "unit": "ms",
-        "source": "action horizon 8 at LIBERO's 20 fps, all 8 executed (DiT4DiT eval_libero.py); FACTS.md s1, s5",
+        "source": "action horizon 8 at LIBERO's 20 fps, all 8 executed (DiT4DiT eval_libero.py); docs/FACTS.md section 1, s5",
     },
     "openpi_replan_steps": {
         "value": 5,
         "unit": "actions per chunk",
-        "source": "openpi examples/libero/main.py replan_steps; FACTS.md s5",
+        "source": "openpi examples/libero/main.py replan_steps; docs/FACTS.md section 5",
     },
     "openpi_chunk_ms": {
         "value": 250,
         "unit": "ms",
-        "source": "openpi executes 5 actions per chunk at LIBERO's 20 fps; FACTS.md s5",
+        "source": "openpi executes 5 actions per chunk at LIBERO's 20 fps; docs/FACTS.md section 5",
     },
     "cosmos_parameters": {
         "value": 2_000_000_000,
         "unit": "parameters",
-        "source": "the model's name, nvidia/Cosmos-Predict2.5-2B; FACTS.md s1",
+        "source": "the model's name, nvidia/Cosmos-Predict2.5-2B; docs/FACTS.md section 1",
     },
     "dit4dit_total_parameters": {
         "value": 10_641_307_643,
@@ -134,7 +138,7 @@ FACTS: dict[str, dict[str, Any]] = {
     "dit4dit_trainable_parameters": {
         "value": 163_073_544,
         "unit": "trainable parameters",
-        "source": f"{_SEED}, line 221, with backbone_interface frozen); FACTS.md s11",
+        "source": f"{_SEED}, line 221, with backbone_interface frozen); docs/FACTS.md section 11",
     },
     "dit4dit_trainable_percent": {
         "value": 1.53,
@@ -154,7 +158,7 @@ FACTS: dict[str, dict[str, Any]] = {
     "dit4dit_final_model_gb": {
         "value": 20,
         "unit": "GB",
-        "source": f"{_SEED}, line 260: final_model/pytorch_model.pt after 2 steps); FACTS.md s11",
+        "source": f"{_SEED}, line 260: final_model/pytorch_model.pt after 2 steps); docs/FACTS.md section 11",
     },
     "seed_gpu_memory_gb": {
         "value": 48,
@@ -186,12 +190,12 @@ FACTS: dict[str, dict[str, Any]] = {
     "libero_render_multisamples": {
         "value": 4,
         "unit": "x",
-        "source": "LIBERO's MuJoCo models: 4x multisampling, a 640x480 offscreen buffer; FACTS.md s6",
+        "source": "LIBERO's MuJoCo models: 4x multisampling, a 640x480 offscreen buffer; docs/FACTS.md section 6",
     },
     "libero_shadow_size": {
         "value": 4096,
         "unit": "px",
-        "source": "LIBERO's MuJoCo models: 4096-pixel shadow maps; FACTS.md s6",
+        "source": "LIBERO's MuJoCo models: 4096-pixel shadow maps; docs/FACTS.md section 6",
     },
     "libero_visual_triangles": {
         "value": 300_000,
@@ -207,12 +211,12 @@ FACTS: dict[str, dict[str, Any]] = {
     "libero_action_scale_cm": {
         "value": 5,
         "unit": "cm",
-        "source": "robosuite OSC controller on LIBERO: an action of 1.0 moves 5 cm; FACTS.md s9",
+        "source": "robosuite OSC controller on LIBERO: an action of 1.0 moves 5 cm; docs/FACTS.md section 9",
     },
     "libero_action_scale_rad": {
         "value": 0.5,
         "unit": "rad",
-        "source": "robosuite OSC controller on LIBERO: an action of 1.0 turns 0.5 rad; FACTS.md s9",
+        "source": "robosuite OSC controller on LIBERO: an action of 1.0 turns 0.5 rad; docs/FACTS.md section 9",
     },
     # --- LeRobot's trainer defaults ----------------------------------------------------------------
     "lerobot_batch_size": {"value": 8, "unit": "samples", "source": _LEROBOT_CFG},
@@ -225,7 +229,7 @@ FACTS: dict[str, dict[str, Any]] = {
     "lerobot_diffusion_horizon": {
         "value": 16,
         "unit": "steps",
-        "source": "LeRobot DiffusionConfig.horizon; FACTS.md s7",
+        "source": "LeRobot DiffusionConfig.horizon; docs/FACTS.md section 7",
     },
 }
 

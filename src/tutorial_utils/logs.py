@@ -1,6 +1,6 @@
 """The log lines the book, the checks and the diagnosis depend on, in one place.
 
-Formats follow DiT4DiT's training script and LIBERO client and openpi's server (FACTS.md
+Formats follow DiT4DiT's training script and LIBERO client and openpi's server (docs/FACTS.md
 sections 1, 4, 5), so one parser reads both the ``mini`` and the ``dit4dit`` backend.
 Writers (``train``, ``evaluate``, ``serving``) format with these constants; parsers match them.
 """
@@ -525,7 +525,7 @@ class Detector:
     ``pattern`` is searched (multi-line) in a normalised log; ``requires``, when set, must also be
     found in the same log (``{group}`` in it stands for what the pattern's named group matched). ``stages`` maps a log kind (``train``, ``server``, ``eval``,
     ``download``) to the stage it names; a kind it does not list takes the stage from the log's
-    own order. ``message`` is the text the troubleshooting page shows; ``facts`` where FACTS.md
+    own order. ``message`` is the text the troubleshooting page shows; ``facts`` where docs/FACTS.md
     says so.
     """
 

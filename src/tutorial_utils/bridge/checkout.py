@@ -2,7 +2,7 @@
 
 :func:`validate_checkout` checks that every file the bridge runs, reads or patches is there and
 names the missing ones. :func:`contract_check` greps the checkout for every flag, config key,
-mixture name and log line the bridge and the diagnosis rely on (FACTS.md section 11, upstream
+mixture name and log line the bridge and the diagnosis rely on (docs/FACTS.md section 11, upstream
 ``0362b34``) and reports the drift: what is missing and where it was expected. Nothing in the
 checkout is imported or changed.
 """

@@ -1,7 +1,7 @@
 """LeRobot dataset format v2.1: a writer, a validating reader and a small CLI.
 
 The on-disk layout is the one ``IPEC-COMMUNITY/libero_*_lerobot`` uses and LeRobot 0.3.x
-reads (FACTS.md section 3)::
+reads (docs/FACTS.md section 3)::
 
     meta/info.json               codebase_version "v2.1", fps, features, paths, totals
     meta/episodes.jsonl          {"episode_index", "tasks": [str], "length"} per episode
@@ -1063,7 +1063,7 @@ class LeRobotDataset:
                     info_path,
                     key,
                     "required key is missing",
-                    f'add "{key}" (see FACTS.md section 3 / LeRobot v2.1), or re-download the dataset',
+                    f'add "{key}" (see docs/FACTS.md section 3 / LeRobot v2.1), or re-download the dataset',
                 )
         version = info["codebase_version"]
         if version != CODEBASE_VERSION:

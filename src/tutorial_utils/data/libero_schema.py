@@ -24,7 +24,7 @@ LIBERO_ACTION_NAMES = ["x", "y", "z", "roll", "pitch", "yaw", "gripper"]
 LIBERO_STATE_DIM = 8
 LIBERO_ACTION_DIM = 7
 
-#: What each dimension means in the LIBERO datasets (FACTS.md sections 5 and 9). Gripper
+#: What each dimension means in the LIBERO datasets (docs/FACTS.md sections 5 and 9). Gripper
 #: convention of the published datasets: +1 = open, -1 = close (robosuite wants the opposite).
 LIBERO_DIM_MEANING = {
     "observation.state": [

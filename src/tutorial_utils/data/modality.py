@@ -6,7 +6,7 @@ maps onto parquet columns, cameras (``video.primary_image``) onto video features
 language instruction (``annotation.human.action.task_description``) onto ``task_index``.
 
 - :func:`build_modality` makes the file from ``meta/info.json``: the ``libero`` preset is
-  DiT4DiT's LIBERO mapping (FACTS.md section 2); ``generic`` names one slice per run of
+  DiT4DiT's LIBERO mapping (docs/FACTS.md section 2); ``generic`` names one slice per run of
   equal names in each feature's ``names``.
 - :func:`validate_modality` checks any modality file against its dataset and raises a
   :class:`ModalityError` that names the entry and the fix.
@@ -63,7 +63,7 @@ def _libero_preset() -> dict:
     }
 
 
-#: DiT4DiT's ``examples/LIBERO/train_files/modality.json`` mapping (FACTS.md section 2).
+#: DiT4DiT's ``examples/LIBERO/train_files/modality.json`` mapping (docs/FACTS.md section 2).
 LIBERO_MODALITY: dict = _libero_preset()
 
 

@@ -1,6 +1,6 @@
 """Dataset statistics and the step index that DiT4DiT's GR00T-style loader needs, cached.
 
-Three products (FACTS.md section 2):
+Three products (docs/FACTS.md section 2):
 
 - ``meta/stats_gr00t.json``: ``mean, std, min, max, q01, q99`` of every parquet column over
   all frames (upstream concatenates every ``data/*/*.parquet`` with pandas).

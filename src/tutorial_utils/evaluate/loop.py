@@ -1,4 +1,4 @@
-"""The LIBERO evaluation client loop (FACTS.md section 5)."""
+"""The LIBERO evaluation client loop (docs/FACTS.md section 5)."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ def episode_numbers(task_ids: Iterable[int], trials_per_task: int) -> dict[Pair,
 
 
 class LogRenderer:
-    """Produces the documented client log (FACTS.md section 5) episode by episode, as
+    """Produces the documented client log (docs/FACTS.md section 5) episode by episode, as
     :func:`tutorial_utils.evaluate.loop.run_evaluation` prints it: feed episodes in plan order,
     then :meth:`finish`. Running totals count only what was fed."""
 

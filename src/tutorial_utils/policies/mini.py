@@ -1,6 +1,6 @@
 """The mini DiT4DiT policy: a small vision-language-action model in plain torch.
 
-It keeps DiT4DiT's shape at a size a CPU can train (FACTS.md section 1):
+It keeps DiT4DiT's shape at a size a CPU can train (docs/FACTS.md section 1):
 
 - ``backbone`` (the context): a conv encoder per camera (``primary_encoder``,
   ``wrist_encoder``), a hashed-word instruction encoder (``language_encoder``) and a state

@@ -25,7 +25,7 @@ from tutorial_utils import paths
 
 VENDOR_ROOT = paths.REPO / "_vendor"
 VENDOR_DIR = VENDOR_ROOT / "vendor"
-#: The offline book's JavaScript, from npm (FACTS.md section 10): package -> [(member prefix in
+#: The offline book's JavaScript, from npm (docs/FACTS.md section 10): package -> [(member prefix in
 #: the tarball, destination folder)]. ``_vendor`` is copied into ``_static`` (html_static_path);
 #: ``_vendor_extra`` into the site root (html_extra_path), where the widget manager looks for its
 #: fonts relative to the notebook pages.

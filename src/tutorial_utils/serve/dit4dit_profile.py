@@ -1,5 +1,5 @@
 """DiT4DiT's LIBERO wire profile: what upstream's client sends and does with the reply
-(FACTS.md section 11, "Upstream client wire shape"; upstream ``examples/LIBERO/eval_files``).
+(docs/FACTS.md section 11, "Upstream client wire shape"; upstream ``examples/LIBERO/eval_files``).
 
 Request, built by :func:`build_request` (our client, ``EvalConfig(protocol="dit4dit")``)::
 

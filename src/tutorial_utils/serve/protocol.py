@@ -1,4 +1,4 @@
-"""A websocket policy server and client in the openpi framing (FACTS.md section 4).
+"""A websocket policy server and client in the openpi framing (docs/FACTS.md section 4).
 
 The wire protocol, which openpi's ``openpi-client`` and DiT4DiT's ``server_policy.py`` share:
 

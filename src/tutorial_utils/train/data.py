@@ -195,7 +195,7 @@ def open_dataset(
     if not (root / "meta" / "modality.json").is_file():
         raise DatasetNotReady(
             f"{root}/meta/modality.json is missing: training needs the GR00T-style modality file that maps "
-            "state/action/video/annotation keys (FACTS.md section 2). Create it with "
+            "state/action/video/annotation keys (docs/FACTS.md section 2). Create it with "
             f"`python -c \"from tutorial_utils.data.modality import build_modality; build_modality('{root}')\"` "
             "(DiT4DiT's LIBERO preset) and check it with `python -m tutorial_utils dataset validate DIR`."
         )
