@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils.errors import TutorialError
-from tutorial_utils.io import atomic_dir, atomic_write_json, sha256_file
-from tutorial_utils.runs.registry import _json, read_metrics
+from tutorial_utils.io import atomic_dir, atomic_write_json, read_json_or_empty, sha256_file
+from tutorial_utils.runs.registry import read_metrics
 from tutorial_utils.train import checkpoints as ck
 
 MANIFEST_FILE = "manifest.json"
@@ -102,7 +102,7 @@ def validation_batch(checkpoint: str | os.PathLike, model, n: int = 8) -> tuple[
     src = Path(checkpoint)
     src = src.resolve() if src.is_symlink() else src
     run = src.parent.parent if src.parent.name == ck.CHECKPOINTS_DIR else None
-    train = (_json(run / CONFIG_FILE).get("train") or {}) if run else {}
+    train = (read_json_or_empty(run / CONFIG_FILE).get("train") or {}) if run else {}
     dataset = train.get("dataset")
     if not dataset or not (Path(dataset) / "meta" / "info.json").is_file():
         return None
@@ -187,14 +187,14 @@ def _metrics(src: Path, step: int | None) -> dict[str, Any]:
     """What is known about the checkpoint's quality: its validation row in the run's metrics,
     its config's validation (``best``), the run's best record."""
     out: dict[str, Any] = {}
-    conf = _json(src / "config.json")
+    conf = read_json_or_empty(src / "config.json")
     if isinstance(conf.get("val"), dict):
         out.update({k: v for k, v in conf["val"].items() if k.startswith("val_")})
     if src.parent.name == ck.CHECKPOINTS_DIR:
         for r in read_metrics(src.parent.parent):
             if "val_action_mae" in r and r["step"] == step:
                 out.update({k: v for k, v in r.items() if k.startswith("val_")})
-    best = _json(src / ck.TRAIN_STATE_JSON).get("best")
+    best = read_json_or_empty(src / ck.TRAIN_STATE_JSON).get("best")
     if isinstance(best, dict):
         out["run_best"] = best
     return out
