@@ -134,7 +134,6 @@ def main() -> None:
                 client.infer(obs)
                 lat["alone"].append((time.perf_counter() - t0) * 1000)
             alone_s = sum(lat["alone"][-per_block:]) / 1000
-            errors_before, log_before = srv.server.errors, len(log.getvalue())
             kids = [
                 subprocess.Popen(
                     [sys.executable, __file__, "--flood", str(srv.port), "--seconds", f"{alone_s * 1.5 + 2:.1f}"],
