@@ -91,9 +91,13 @@ lab: venv
 	$(PY) -m tutorial_utils lab --port $(LAB_PORT)
 
 # copy _build/html into DEST (built beside it, then renamed into place); run `make html` first
+# DEST reaches the command through the environment, unexpanded ($(value ...)): no byte of it is
+# ever shell or make syntax (a quote, a `;`, a `$` stay part of the folder name)
+unexport DEST
+publish: export TUTORIAL_PUBLISH_DEST = $(value DEST)
 publish:
-	@test -n "$(DEST)" || { echo "usage: make publish DEST=/some/dir   (copies _build/html there)" >&2; exit 2; }
-	$(PY) -m tutorial_utils lab publish "$(DEST)"
+	@test -n "$$TUTORIAL_PUBLISH_DEST" || { echo "usage: make publish DEST=/some/dir   (copies _build/html there)" >&2; exit 2; }
+	$(PY) -m tutorial_utils lab publish "$$TUTORIAL_PUBLISH_DEST"
 
 # write _build/html to the local gh-pages branch (with .nojekyll); pushing it is up to you:
 # git push origin gh-pages

@@ -84,3 +84,26 @@ def test_bench_monitor_quick_compares_off_on_and_drawn_here():
     assert out["figure_by_helper"] is True  # the monitor in the training process drew through its helper
     assert len(out["off_runs"]) == len(out["on_runs"]) == len(out["here_ratios"]) == 1
     assert out["ratio"] > 0 and out["here_ratio"] > 0 and out["figure_ms"] > 0
+
+
+@pytest.mark.slow
+def test_bench_serving_fairness_quick_measures_a_good_client_under_a_flood():
+    out = _last_json("bench_serving_fairness.py", "--requests", "30", "--infer-ms", "2")
+    for key in (
+        "alone_p50_ms",
+        "alone_p99_ms",
+        "flood_p50_ms",
+        "flood_p99_ms",
+        "p99_ratio_flood_vs_alone",
+        "target_p99_ratio",
+        "meets_target",
+        "flood_frames_sent",
+        "bad_frames_answered",
+        "log_bytes_per_bad_frame",
+        "log_tracebacks",
+    ):
+        assert key in out, key
+    assert out["bench"] == "serving_fairness" and out["requests_per_side"] == 30
+    assert out["flood_frames_sent"] > 0 and out["bad_frames_answered"] > 0  # the flood reached the server
+    assert out["log_tracebacks"] == 0  # a bad frame logs one short line
+    assert out["alone_p99_ms"] > 0 and out["flood_p99_ms"] > 0

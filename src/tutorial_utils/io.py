@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tutorial_utils.errors import DiskFull, is_disk_full
+from tutorial_utils.errors import DiskFull, TutorialError, is_disk_full
 
 
 def _fsync_dir(path: Path) -> None:
@@ -162,3 +162,163 @@ def sha256_file(path: str | os.PathLike) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+# --- bounded, typed reads of small files ------------------------------------------------------------
+
+#: the largest small file (a control command, a status, a manifest, a config) read whole
+SMALL_FILE_MAX_BYTES = 4 << 20
+#: the deepest nesting of lists and dicts a small file may hold
+SMALL_FILE_MAX_DEPTH = 32
+
+
+class SmallFileError(TutorialError, ValueError):
+    """A small JSON/YAML file that is not what the package expects: not a regular file, too
+    big, too deep, not JSON/YAML, or a key of the wrong type. The message names the file, the
+    key and the fix."""
+
+    def __init__(self, path: str | os.PathLike, problem: str, fix: str, key: str | None = None):
+        self.path, self.key, self.problem, self.fix = os.fspath(path), key, problem, fix
+        where = f"{self.path} [{key}]:" if key else self.path
+        super().__init__(f"{where} {problem}. Fix: {fix}")
+
+
+def _read_bounded(path: Path, max_bytes: int, fix: str) -> bytes:
+    """At most ``max_bytes`` of a regular file, opened without blocking (a FIFO, a device or a
+    socket is refused, a symlink to one too: the check is on the opened file)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise SmallFileError(path, f"cannot be opened ({exc.strerror or type(exc).__name__})", fix) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = (
+                "a folder"
+                if stat.S_ISDIR(st.st_mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(st.st_mode)
+                else "a device or socket"
+            )
+            raise SmallFileError(path, f"is {kind}, not a regular file", fix)
+        if st.st_size > max_bytes:
+            raise SmallFileError(path, f"is {human_bytes(st.st_size)}, over the {human_bytes(max_bytes)} limit", fix)
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            block = os.read(fd, min(left, 1 << 20))
+            if not block:
+                break
+            chunks.append(block)
+            left -= len(block)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:  # grew while read (procfs, a writer appending)
+            raise SmallFileError(path, f"is over the {human_bytes(max_bytes)} limit", fix)
+        return data
+    finally:
+        os.close(fd)
+
+
+def _depth_ok(obj: Any, max_depth: int) -> bool:
+    """Whether ``obj`` nests lists/dicts at most ``max_depth`` deep (iterative; shared YAML
+    aliases are visited once)."""
+    stack, seen = [(obj, 1)], set()
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, (dict, list, tuple)) or id(node) in seen:
+            continue
+        if depth > max_depth:
+            return False
+        seen.add(id(node))
+        children = list(node.keys()) + list(node.values()) if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children)
+    return True
+
+
+def _type_names(types: type | tuple) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join("null" if t is type(None) else t.__name__ for t in types)
+
+
+def check_types(
+    data: dict, schema: dict[str, type | tuple], path: str | os.PathLike, fix: str, required: tuple[str, ...] = ()
+) -> dict:
+    """Check the keys of ``data`` named in ``schema`` (``{key: type or tuple of types}``; a
+    missing key is fine unless ``required``); a :class:`SmallFileError` names the key. A bool
+    is not accepted where a number is asked for. Returns ``data``."""
+    for key in required:
+        if key not in data:
+            raise SmallFileError(path, f"has no {key!r}", fix, key=key)
+    for key, types in schema.items():
+        if key not in data:
+            continue
+        v = data[key]
+        want = types if isinstance(types, tuple) else (types,)
+        ok = isinstance(v, want) and not (isinstance(v, bool) and bool not in want)
+        if not ok:
+            raise SmallFileError(
+                path, f"{key!r} is {type(v).__name__} {_short(v)}, expected {_type_names(types)}", fix, key=key
+            )
+    return data
+
+
+def _short(v: Any, n: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= n else f"{text[:n]}... ({len(text)} chars)"
+
+
+def read_small(
+    path: str | os.PathLike,
+    *,
+    schema: dict[str, type | tuple] | None = None,
+    required: tuple[str, ...] = (),
+    expect: type | tuple = dict,
+    fmt: str | None = None,
+    max_bytes: int = SMALL_FILE_MAX_BYTES,
+    max_depth: int = SMALL_FILE_MAX_DEPTH,
+    fix: str = "rewrite the file (or delete it to go back to the default)",
+) -> Any:
+    """Read a small JSON or YAML file (``fmt``: ``json``/``yaml``, else from the suffix) the
+    one safe way: a regular file only (a FIFO, a device, a symlink to either is refused
+    without blocking), at most ``max_bytes``, nested at most ``max_depth`` deep, of type
+    ``expect`` (a dict by default) whose keys match ``schema`` (see :func:`check_types`).
+    Anything else is a :class:`SmallFileError` naming the file, the key and ``fix``; a missing
+    file is ``FileNotFoundError``."""
+    path = Path(path)
+    raw = _read_bounded(path, max_bytes, fix)
+    fmt = fmt or ("yaml" if path.suffix.lower() in (".yaml", ".yml") else "json")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SmallFileError(path, f"is not UTF-8 text (byte {exc.start})", fix) from None
+    try:
+        if fmt == "yaml":
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except RecursionError:
+        raise SmallFileError(path, f"nests deeper than {max_depth} levels", fix) from None
+    except ValueError as exc:  # json.JSONDecodeError
+        raise SmallFileError(path, f"is not JSON ({str(exc)[:120]})", fix) from None
+    except Exception as exc:  # yaml.YAMLError
+        raise SmallFileError(path, f"is not {fmt.upper()} ({str(exc).splitlines()[0][:120]})", fix) from None
+    if not _depth_ok(data, max_depth):
+        raise SmallFileError(path, f"nests deeper than {max_depth} levels", fix)
+    if expect is not None and not isinstance(data, expect):
+        raise SmallFileError(path, f"holds {type(data).__name__} {_short(data)}, expected {_type_names(expect)}", fix)
+    if schema or required:
+        check_types(data, schema or {}, path, fix, required)
+    return data
+
+
+def read_json_or_empty(path: str | os.PathLike, **kw: Any) -> dict:
+    """:func:`read_small` for a JSON object that may be absent or bad (a run's status, summary,
+    configuration while it is written, listed or half-deleted): ``{}`` instead of an error."""
+    try:
+        return read_small(path, **kw)
+    except (OSError, SmallFileError):
+        return {}

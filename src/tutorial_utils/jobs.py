@@ -44,7 +44,7 @@ from typing import Any
 
 from tutorial_utils import paths, profiles
 from tutorial_utils.errors import ConfigError, DiskFull, TutorialError, is_disk_full
-from tutorial_utils.io import atomic_write_text
+from tutorial_utils.io import atomic_write_text, read_json_or_empty
 from tutorial_utils.secrets import redact, redact_data
 
 RUN_DIR_PARAM = "run_dir"
@@ -366,13 +366,9 @@ def params_hash(job: str, parameters: dict[str, Any]) -> str:
 
 
 def read_status(run_dir: str | os.PathLike) -> dict[str, Any]:
-    f = Path(run_dir) / STATUS_FILE
-    if not f.is_file():
-        return {}
-    try:
-        return json.loads(f.read_text())
-    except json.JSONDecodeError:
-        return {}
+    """A run's status.json ({} when it is missing, half-written or not a small JSON object:
+    bounded and regular files only, :func:`tutorial_utils.io.read_json_or_empty`)."""
+    return read_json_or_empty(Path(run_dir) / STATUS_FILE)
 
 
 @contextlib.contextmanager

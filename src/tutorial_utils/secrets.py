@@ -15,7 +15,20 @@ from typing import Any
 
 #: Environment variables that hold secrets.
 SECRET_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN", "WANDB_API_KEY")
-_TOKEN_RE = re.compile(r"hf_[A-Za-z0-9]{30,}")
+#: Other variables whose values are masked wherever they appear (GitHub tokens for the bridge).
+OTHER_SECRET_VARS = ("GITHUB_TOKEN", "GH_TOKEN", "GH_ENTERPRISE_TOKEN")
+#: Token shapes, masked even when not in the environment: Hugging Face (``hf_`` + letters and
+#: digits: long ones, and short ones with a digit, so ``hf_hub_download`` stays), GitHub
+#: (``ghp_``/``gho_``/``ghu_``/``ghs_``/``ghr_``, ``github_pat_``).
+_TOKEN_RE = re.compile(
+    r"(?<![A-Za-z0-9_])(?:hf_(?:[A-Za-z0-9]{30,}|(?=[A-Za-z]*[0-9])[A-Za-z0-9]{4,})"
+    r"|gh[pousr]_[A-Za-z0-9]{8,}|github_pat_[A-Za-z0-9_]{8,})(?![A-Za-z0-9])"
+)
+#: An Authorization header or a bearer credential: the scheme stays, the value goes.
+_AUTH_RE = re.compile(
+    r"(?i)(?P<head>\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|token|basic)\s+)?"
+    r"|\bbearer\s+)(?P<value>[^\s\"',;}\]]{4,})"
+)
 #: ``scheme://userinfo@``. The user info runs to the LAST ``@`` before whitespace, a quote or
 #: the next URL, so a password holding ``@`` or ``/`` is masked whole. A scheme starts only at
 #: the start of a run of scheme characters and is at most 32 long: linear time on any text
@@ -34,8 +47,9 @@ def presence() -> dict[str, str]:
 
 
 def secret_values() -> list[str]:
-    vals = {os.environ.get(k, "") for k in SECRET_VARS}
-    return sorted((v for v in vals if len(v) >= 8), key=len, reverse=True)
+    vals = {os.environ.get(k, "") for k in SECRET_VARS + OTHER_SECRET_VARS}
+    keep = (v for v in vals if len(v) >= 8 or (len(v) >= 4 and v.lower().startswith(_TOKEN_PREFIXES)))
+    return sorted(keep, key=len, reverse=True)
 
 
 def _known_secret(text: str) -> bool:
@@ -80,12 +94,14 @@ def mask_url_credentials(text: str, keep_user: bool = False) -> str:
 
 
 def redact(text: str, keep_url_user: bool = False) -> str:
-    """Replace every secret value from the environment, URL credentials, and anything shaped
-    like an HF token. ``keep_url_user`` keeps plain URL user names (see
+    """Replace every secret value from the environment (HF, W&B and GitHub tokens), URL
+    credentials, Authorization / bearer header values, and anything shaped like an HF or a
+    GitHub token. ``keep_url_user`` keeps plain URL user names (see
     :func:`mask_url_credentials`)."""
     for v in secret_values():
         text = text.replace(v, MASK)
     text = mask_url_credentials(text, keep_user=keep_url_user)
+    text = _AUTH_RE.sub(lambda m: m.group("head") + MASK, text)
     return _TOKEN_RE.sub(MASK, text)
 
 

@@ -50,6 +50,34 @@ def test_redact_masks_url_credentials(text, want):
     assert secrets.redact(text) == want
 
 
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("short hf_a1b2 token", "short *** token"),  # HF tokens of any length (with a digit)
+        ("long hf_" + "Ab1" * 12, "long ***"),
+        ("ghp_" + "A1b2" * 9 + " and gho_abcdEF123456", "*** and ***"),
+        ("github_pat_11ABCDEFG0_abcdefghijklmnop", "***"),
+        ("Authorization: Bearer abc.DEF-123_xyz", "Authorization: Bearer ***"),
+        ('{"authorization": "token s3cretvalue"}', '{"authorization": "token ***"}'),
+        ("proxy-authorization: Basic dXNlcjpwYXNz", "proxy-authorization: Basic ***"),
+        ("got bearer eyJhbGciOi.xyz back", "got bearer *** back"),
+        # names that only look like tokens stay
+        (
+            "hf_hub_download, hf_transfer, HF_TOKEN, HF_HUB_DISABLE_XET",
+            "hf_hub_download, hf_transfer, HF_TOKEN, HF_HUB_DISABLE_XET",
+        ),
+    ],
+)
+def test_redact_masks_token_shapes_and_authorization_headers(text, want):
+    assert secrets.redact(text) == want
+
+
+def test_redact_masks_github_and_short_hf_tokens_from_the_environment(monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", "plainGithubSecretValue")
+    monkeypatch.setenv("HF_TOKEN", "hf_abcd")  # short, letters only: the environment value says it
+    assert secrets.redact("a plainGithubSecretValue b hf_abcd c") == "a *** b *** c"
+
+
 def test_redact_leaves_urls_without_credentials_alone():
     for text in (
         "https://huggingface.co/datasets/x",

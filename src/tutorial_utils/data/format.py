@@ -1288,6 +1288,7 @@ class LeRobotDataset:
                 low = self._lowdim(ep)
                 for key in self.data_keys:
                     check_finite(self.data_path(ep), key, low[key], low.get("frame_index"))
+                self._check_index_columns(ep, low)
                 for key in self.video_keys:
                     frames = decode_all_frames_checked(self.video_path(ep, key))
                     if len(frames) < self.lengths[ep]:
@@ -1304,6 +1305,60 @@ class LeRobotDataset:
             "deep": deep,
             "ok": True,
         }
+
+    def _check_index_columns(self, ep: int, low: dict[str, np.ndarray]) -> None:
+        """The bookkeeping columns of episode ``ep`` against the metadata: ``episode_index`` is
+        ``ep``, ``frame_index`` counts 0..length-1, ``index`` continues the previous episodes'
+        (``starts``), ``timestamp`` is ``frame_index / fps`` (to 1 ms), and every ``task_index``
+        names a task of meta/tasks.jsonl (else those frames would train with an empty instruction)."""
+        path, n = self.data_path(ep), int(self.lengths[ep])
+        fix = "re-record or re-download this episode (or re-import it): these columns are written with the frames"
+        want = {
+            "episode_index": np.full(n, ep, dtype=np.int64),
+            "frame_index": np.arange(n, dtype=np.int64),
+            "index": int(self.starts[ep]) + np.arange(n, dtype=np.int64),
+        }
+        for key, expected in want.items():
+            if key not in low:
+                continue
+            got = np.asarray(low[key]).reshape(-1)
+            if got.dtype.kind not in "iuf" or len(got) != n:
+                raise DatasetError(path, key, f"is {got.dtype} with {len(got)} values, expected {n} whole numbers", fix)
+            bad = np.flatnonzero(got != expected)
+            if len(bad):
+                r = int(bad[0])
+                raise DatasetError(
+                    path,
+                    key,
+                    f"{len(bad)} row(s) disagree with the metadata; row {r} has {got[r]!r}, expected {expected[r]}",
+                    fix,
+                )
+        if "timestamp" in low:
+            ts = np.asarray(low["timestamp"], dtype=np.float64).reshape(-1)
+            expected_ts = np.arange(n, dtype=np.float64) / self.fps
+            bad = np.flatnonzero(~(np.abs(ts - expected_ts) <= 1e-3))
+            if len(bad):
+                r = int(bad[0])
+                raise DatasetError(
+                    path,
+                    "timestamp",
+                    f"{len(bad)} row(s) are not frame_index / fps (fps {self.fps}); row {r} has {ts[r]!r}, "
+                    f"expected {expected_ts[r]:.4f}",
+                    fix,
+                )
+        if "task_index" in low:
+            ti = np.asarray(low["task_index"]).reshape(-1)
+            known = np.array(sorted(self.tasks), dtype=np.int64)
+            bad = np.flatnonzero(~np.isin(ti, known))
+            if len(bad):
+                r = int(bad[0])
+                raise DatasetError(
+                    path,
+                    "task_index",
+                    f"{len(bad)} row(s) name no task of {TASKS_PATH} (row {r}: {ti[r]!r}; known: "
+                    f"{', '.join(map(str, known[:10])) or 'none'})",
+                    f"add the task to {TASKS_PATH}, or {fix}",
+                )
 
     def _check_episodes_stats(self) -> None:
         """``meta/episodes_stats.jsonl`` (optional; LeRobot 0.3.x reads it): one object per line

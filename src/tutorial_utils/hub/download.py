@@ -52,7 +52,10 @@ class HubVerifyError(HubError):
 
 def teach(asset: Asset, names: list[str], status: int | None, message: str = "") -> HubError | DiskFull:
     """The teaching error for a huggingface_hub exception, given its class names (MRO) and status."""
+    from tutorial_utils.secrets import redact
+
     a = asset
+    message = " ".join(redact(message).split())  # at the source (a server's error text may echo the token), one line
     where = f"{a.repo_id} ({a.repo_type}, revision {a.revision!r})"
     has = set(names)
     login = "set HF_TOKEN (export HF_TOKEN=hf_...) or run `hf auth login`, then rerun"
@@ -133,18 +136,51 @@ def _tree(asset: Asset, endpoint: str | None, token: str | None) -> tuple[str, l
     try:
         info = api.repo_info(asset.repo_id, repo_type=asset.repo_type, revision=asset.revision, token=token)
         files = [
-            {"path": f.path, "size": int(f.size), "sha256": f.lfs.sha256 if f.lfs else None}
+            _listed(asset, f)
             for f in api.list_repo_tree(
                 asset.repo_id, recursive=True, revision=info.sha, repo_type=asset.repo_type, token=token
             )
-            if isinstance(f, RepoFile) and _matches(f.path, asset.allow_patterns)
+            if isinstance(f, RepoFile) and isinstance(f.path, str) and _matches(f.path, asset.allow_patterns)
         ]
+    except HubError:
+        raise
     except Exception as exc:
         err = _translate(asset, exc)
-        if err is None:
-            raise
+        if err is None:  # a redirect loop, a malformed answer: one redacted line, never a traceback
+            from tutorial_utils.secrets import redact
+
+            first = (str(exc).strip().splitlines() or [""])[0]
+            err = HubError(
+                f"{asset.repo_id} ({asset.repo_type}, revision {asset.revision!r}): the Hub's answer could not be "
+                f"used ({type(exc).__name__}: {redact(first)[:200]}). Fix: check HF_ENDPOINT / --endpoint and the "
+                "network (`python -m tutorial_utils doctor`), then rerun."
+            )
         raise err from None
+    if not isinstance(info.sha, str) or not info.sha:
+        raise HubError(f"{asset.repo_id}: the Hub's repo info has no commit sha ({type(info.sha).__name__}); rerun.")
     return info.sha, sorted(files, key=lambda f: f["path"])
+
+
+def _listed(asset: Asset, f) -> dict:
+    """One file of the Hub's listing, typed: a whole ``size`` >= 0, a ``sha256`` string or none.
+    Anything else is a :class:`HubError` naming the file and the key."""
+    size, lfs = f.size, f.lfs
+    sha = getattr(lfs, "sha256", None) if lfs else None
+    bad = (
+        ("size", size)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0
+        else ("lfs.sha256", sha)
+        if sha is not None and not isinstance(sha, str)
+        else None
+    )
+    if bad:
+        shown = repr(bad[1])[:60]
+        raise HubError(
+            f"{asset.repo_id}: the Hub's file listing gives {f.path[:200]!r} a {bad[0]} of {shown} "
+            f"({type(bad[1]).__name__}), not {'a whole number of bytes' if bad[0] == 'size' else 'a sha256 string'}. "
+            "Fix: the endpoint is not a Hugging Face Hub (check HF_ENDPOINT / --endpoint), or retry later."
+        )
+    return {"path": f.path, "size": size, "sha256": sha}
 
 
 def _free_probe(dest: Path) -> Path:

@@ -11,16 +11,31 @@ family through the registry and returns a ready model.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tutorial_utils.io import atomic_dir, atomic_write_json, sha256_file
+from tutorial_utils.io import SmallFileError, atomic_dir, atomic_write_json, read_small, sha256_file
 from tutorial_utils.policies.base import CheckpointError
 from tutorial_utils.policies.normalize import STATS_FILE, read_statistics
 
+#: the types of a checkpoint's config.json keys the loader relies on
+CONFIG_SCHEMA = {"format": str, "family": str, "policy": dict, "weights": dict, "step": (int, type(None))}
+#: an exported bundle's manifest (runs.export writes it; loading a bundle checks it first)
+MANIFEST_FILE = "manifest.json"
+BUNDLE_FORMAT = "tutorial_utils.bundle"
+MANIFEST_SCHEMA = {
+    "format": str,
+    "version": int,
+    "family": str,
+    "step": (int, type(None)),
+    "files": dict,
+    "parity": dict,
+    "metrics": dict,
+    "schema": dict,
+    "packages": dict,
+}
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 CHECKPOINT_FORMAT = "tutorial_utils.policy"
@@ -78,11 +93,13 @@ def read_checkpoint_config(directory: str | os.PathLike) -> dict:
     if not cfg_path.is_file():
         raise CheckpointError(f"{cfg_path} is missing; {d} is not a checkpoint written by tutorial_utils.policies.")
     try:
-        manifest = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(
-            f"{cfg_path} is corrupted ({exc}); use another checkpoint (for example checkpoints/last or a step_* one)."
-        ) from None
+        manifest = read_small(
+            cfg_path,
+            schema=CONFIG_SCHEMA,
+            fix="use another checkpoint (for example checkpoints/last or a step_* one), or export it again",
+        )
+    except SmallFileError as exc:
+        raise CheckpointError(f"{cfg_path} is corrupted: {exc}") from None
     fmt = manifest.get("format") if isinstance(manifest, dict) else None
     if fmt in LEGACY_FORMATS and "policy" in manifest:
         manifest.setdefault("family", LEGACY_FORMATS[fmt])
@@ -167,6 +184,8 @@ def load_policy(checkpoint_dir: str | os.PathLike, family: type, device: str = "
     from tutorial_utils import params
 
     d = Path(checkpoint_dir)
+    if (d / MANIFEST_FILE).exists() or (d / MANIFEST_FILE).is_symlink():  # a bundle: its files are checked first
+        verify_bundle(d)
     manifest = read_checkpoint_config(d)
     if family.name != manifest["family"]:
         raise CheckpointError(
@@ -180,6 +199,113 @@ def load_policy(checkpoint_dir: str | os.PathLike, family: type, device: str = "
             f"{d / CONFIG_FILE}: {exc} The checkpoint was written by another version of the "
             f"{family.name!r} family; retrain, or load it with the version that wrote it."
         ) from None
-    policy = family(cfg, read_statistics(d / STATS_FILE))
+    stats = read_statistics(d / STATS_FILE)
+    _check_model_size(family, cfg, stats, d)
+    policy = family(cfg, stats)
     load_weights_into(policy, d)
     return policy.to(device).eval()
+
+
+#: the families whose model is built on the meta device first (cheap to build twice, no pretrained parts)
+_META_CHECKED = ("mini", "mlp")
+
+
+def _check_model_size(family: type, cfg: Any, stats: Any, d: Path) -> None:
+    """Build the model on torch's ``meta`` device (no memory) and compare its size with the
+    weights file, so a config with an absurd size (``model_dim: 10**12``) is a teaching error
+    instead of an allocation that fails (or succeeds) with a traceback."""
+    import torch
+
+    wpath = d / WEIGHTS_FILE
+    if family.name not in _META_CHECKED or not wpath.is_file():
+        return  # load_weights_into says what is missing; other families build pretrained parts
+    try:
+        with torch.device("meta"):
+            probe = family(cfg, stats)
+        need = sum(t.numel() * t.element_size() for t in probe.state_dict().values())
+    except Exception:  # a family that cannot be built on meta: the real build and the shape check decide
+        return
+    have = wpath.stat().st_size
+    if need > 2 * have + (1 << 20):
+        big = [f"{k}={v}" for k, v in dataclasses.asdict(cfg).items() if isinstance(v, int) and v > 1 << 16]
+        raise CheckpointError(
+            f"{d / CONFIG_FILE}: its policy config builds a model of {need / 1e9:.3g} GB but {WEIGHTS_FILE} holds "
+            f"{have / 1e6:.3g} MB{' (suspect: ' + ', '.join(big) + ')' if big else ''}. The config was changed or "
+            "belongs to another checkpoint: use another checkpoint, or export it again."
+        )
+
+
+class BundleError(CheckpointError, ValueError):
+    """A bundle whose files do not match its manifest (changed, missing, a symbolic link, or no manifest)."""
+
+
+def scan_files(folder: Path, skip: tuple[str, ...] = (MANIFEST_FILE,)) -> tuple[dict[str, dict], list[str]]:
+    """``({relative path: {bytes, sha256}}, [problems])`` of the regular files under ``folder``
+    (links never followed: a symbolic link, a FIFO or a device is a problem, not a file)."""
+    import stat
+
+    out, problems = {}, []
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        for name in sorted(dirs + files):
+            p = Path(root) / name
+            rel = p.relative_to(folder).as_posix()
+            st = p.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                problems.append(f"{rel} is a symbolic link (to {os.readlink(p)}); a bundle holds only regular files")
+            elif stat.S_ISREG(st.st_mode):
+                if rel not in skip:
+                    out[rel] = {"bytes": st.st_size, "sha256": sha256_file(p)}
+            elif not stat.S_ISDIR(st.st_mode):
+                problems.append(f"{rel} is not a regular file")
+    return out, problems
+
+
+def verify_bundle(bundle: str | os.PathLike) -> dict[str, Any]:
+    """Check every file of a bundle against its manifest (size and sha256, types checked, no
+    symbolic links); returns the manifest. A :class:`BundleError` names each changed, missing,
+    unlisted or linked file."""
+    d = Path(bundle)
+    path = d / MANIFEST_FILE
+    fix = "do not serve it; export the checkpoint again (`python -m tutorial_utils runs export`)"
+    if path.is_symlink():
+        raise BundleError(
+            f"{path} is a symbolic link (to {os.readlink(path)}); a bundle holds only regular files. Fix: {fix}."
+        )
+    try:
+        manifest = read_small(path, schema=MANIFEST_SCHEMA, required=("format", "files"), fix=fix)
+    except FileNotFoundError:
+        raise BundleError(f"{path} is missing: {d} is not a bundle written by runs.export.") from None
+    except SmallFileError as exc:
+        raise BundleError(str(exc)) from None
+    if manifest["format"] != BUNDLE_FORMAT:
+        raise BundleError(f"{path}: format is not {BUNDLE_FORMAT!r}; {d} is not a bundle written by runs.export.")
+    listed = manifest["files"]
+    for name, info in listed.items():
+        bad = (
+            "is not a relative path inside the bundle"
+            if name.startswith("/") or ".." in Path(name).parts or not name
+            else "is not {bytes, sha256}"
+            if not isinstance(info, dict)
+            or isinstance(info.get("bytes"), bool)
+            or not isinstance(info.get("bytes"), int)
+            or not isinstance(info.get("sha256"), str)
+            else None
+        )
+        if bad:
+            raise BundleError(f"{path} [files.{name[:80]}]: {bad}. Fix: {fix}.")
+    present, problems = scan_files(d) if d.is_dir() else ({}, [])
+    for name, info in sorted(listed.items()):
+        now = present.get(name)
+        if now is None:
+            if not any(p.startswith(f"{name} ") for p in problems):
+                problems.append(f"{name} is missing")
+        elif now["bytes"] != info["bytes"]:
+            problems.append(f"{name} changed ({now['bytes']} bytes, the manifest says {info['bytes']})")
+        elif now["sha256"] != info["sha256"]:
+            problems.append(
+                f"{name} changed (sha256 {now['sha256'][:12]}..., the manifest says {info['sha256'][:12]}...)"
+            )
+    problems += [f"{name} is not in the manifest" for name in sorted(set(present) - set(listed))]
+    if problems:
+        raise BundleError(f"bundle {d} does not match {MANIFEST_FILE}: {'; '.join(problems)}. Fix: {fix}.")
+    return manifest

@@ -46,7 +46,7 @@ from typing import Any
 
 from tutorial_utils.data.libero_schema import LIBERO_ACTION_NAMES
 from tutorial_utils.errors import TutorialError
-from tutorial_utils.io import human_bytes
+from tutorial_utils.io import human_bytes, read_json_or_empty
 from tutorial_utils.jobs import STATUS_FILE as STATUS
 from tutorial_utils.train.checkpoints import METRICS_FILE as METRICS
 from tutorial_utils.train.loop import LOG_FILE as LOG
@@ -162,14 +162,6 @@ def line_level(line: str) -> str | None:
     return None
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def latest_sample(run_dir: str | os.PathLike) -> dict | None:
     """The newest ``samples/step_*.json`` of a run (the highest step), or None."""
     best, best_step = None, -1
@@ -182,7 +174,7 @@ def latest_sample(run_dir: str | os.PathLike) -> dict | None:
             best, best_step = f, step
     if best is None:
         return None
-    data = _read_json(best)
+    data = read_json_or_empty(best)
     return data if isinstance(data.get("pred"), list) and isinstance(data.get("true"), list) else None
 
 
@@ -245,7 +237,7 @@ def read_view(run_dir: str | os.PathLike, tail: MetricsTail | None = None, log_l
         log=tail_lines(d / LOG, log_lines),
         skipped=tail.skipped,
         partial=tail.partial,
-        summary=_read_json(d / SUMMARY_FILE),
+        summary=read_json_or_empty(d / SUMMARY_FILE),
     )
 
 

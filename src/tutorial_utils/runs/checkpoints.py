@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils.errors import ConfigError
-from tutorial_utils.io import atomic_dir, atomic_write_json, dir_size
-from tutorial_utils.runs.registry import RunBusy, _json, read_metrics, resolve, run_state
+from tutorial_utils.io import atomic_dir, atomic_write_json, dir_size, read_json_or_empty
+from tutorial_utils.runs.registry import RunBusy, read_metrics, resolve, resolve_owned, run_state
 from tutorial_utils.train import checkpoints as ck
 
 #: where :func:`attach_results` keeps an evaluation's results.json, per checkpoint name
@@ -62,7 +62,7 @@ def _results(run: Path, name: str, path: Path, given: Mapping[str, Any] | None) 
         cands.append(Path(given[name]))
     cands += [path / RESULTS_FILE, run / EVALUATIONS_DIR / name / RESULTS_FILE]
     for c in cands:
-        data = _json(c)
+        data = read_json_or_empty(c)
         if data.get("total_episodes"):
             n, k = int(data["total_episodes"]), int(data.get("total_successes", 0))
             return {"success_rate": k / n, "episodes": n, "successes": k, "ci95": wilson(k, n), "results": str(c)}
@@ -97,8 +97,8 @@ def list_checkpoints(
     if (root / ck.BEST).is_dir():
         dirs.append(root / ck.BEST)
     for p in dirs:
-        state = _json(p / ck.TRAIN_STATE_JSON)
-        conf = _json(p / "config.json")
+        state = read_json_or_empty(p / ck.TRAIN_STATE_JSON)
+        conf = read_json_or_empty(p / "config.json")
         step = ck.checkpoint_step(p)
         when = state.get("time")
         if not isinstance(when, (int, float)):
@@ -240,7 +240,7 @@ def mark_best(
     if src.name == ck.BEST:
         raise ck.CheckpointNotFound(f"{checkpoint!r} is best already; name the step_* checkpoint to mark.")
     step = ck.checkpoint_step(src)
-    conf = _json(src / "config.json")
+    conf = read_json_or_empty(src / "config.json")
     with atomic_dir(root / ck.BEST) as tmp:
         for name in POLICY_FILES:
             if name != "config.json":
@@ -263,7 +263,11 @@ def prune(run: str | os.PathLike, keep_last: int, runs_dir: str | os.PathLike | 
     """Keep the newest ``keep_last`` ``step_*`` checkpoints of a run that is not running (the
     loop's ``keep_last`` does it during training); ``last``'s target and ``best`` stay. Returns
     the deleted names."""
-    d = resolve(run, runs_dir)
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+        raise ConfigError(
+            f"keep_last={keep_last!r}: pass a whole number >= 1 (the newest checkpoints to keep); nothing was removed."
+        )
+    d = resolve_owned(run, runs_dir, "prune")
     if run_state(d) == "running":
         raise RunBusy(f"run {d.name} is running; pass keep_last to the training run instead, or stop it first.")
     return ck.prune(d / ck.CHECKPOINTS_DIR, keep_last)

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils.errors import ConfigError, TutorialError
+from tutorial_utils.io import read_json_or_empty
 from tutorial_utils.runs import checkpoints as rck
-from tutorial_utils.runs.registry import _json, read_metrics, resolve, run_state
+from tutorial_utils.runs.registry import read_metrics, resolve, run_state
 from tutorial_utils.train.checkpoints import METRICS_FILE
 from tutorial_utils.train.loop import CONFIG_FILE, SUMMARY_FILE
 
@@ -68,8 +69,8 @@ class RunData:
 def _flat_params(d: Path) -> dict[str, Any]:
     """A run's training parameters, policy ones as ``policy.<name>``; ``dataset`` by name and size
     (each train job copies its dataset into its own folder, so paths always differ)."""
-    cfg = _json(d / CONFIG_FILE)
-    train = dict(cfg.get("train") or _json(d / "copy.json").get("train") or {})
+    cfg = read_json_or_empty(d / CONFIG_FILE)
+    train = dict(cfg.get("train") or read_json_or_empty(d / "copy.json").get("train") or {})
     policy = train.pop("policy_config", None) or cfg.get("policy_config") or {}
     out = {k: v for k, v in train.items() if k not in NOT_COMPARED}
     out.update({f"policy.{k}": v for k, v in policy.items()})
@@ -93,7 +94,14 @@ def load_run(run: str | os.PathLike, runs_dir: str | os.PathLike | None = None) 
             "`python -m tutorial_utils runs list` shows each run's job and step."
         )
     return RunData(
-        d.name, d, run_state(d), train, val, _flat_params(d), _json(d / SUMMARY_FILE), rck.list_checkpoints(d)
+        d.name,
+        d,
+        run_state(d),
+        train,
+        val,
+        _flat_params(d),
+        read_json_or_empty(d / SUMMARY_FILE),
+        rck.list_checkpoints(d),
     )
 
 

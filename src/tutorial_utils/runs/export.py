@@ -22,7 +22,6 @@ names the ones that changed.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import platform
 import shutil
@@ -30,12 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils.errors import TutorialError
-from tutorial_utils.io import atomic_dir, atomic_write_json, sha256_file
-from tutorial_utils.runs.registry import _json, read_metrics
+from tutorial_utils.io import atomic_dir, atomic_write_json, read_json_or_empty
+from tutorial_utils.policies.checkpoint import (  # noqa: F401  (re-exported: runs.export is where users look)
+    BUNDLE_FORMAT,
+    MANIFEST_FILE,
+    MANIFEST_SCHEMA,
+    BundleError,
+    scan_files,
+    verify_bundle,
+)
+from tutorial_utils.runs.registry import read_metrics
 from tutorial_utils.train import checkpoints as ck
 
-MANIFEST_FILE = "manifest.json"
-BUNDLE_FORMAT = "tutorial_utils.bundle"
 BUNDLE_VERSION = 1
 #: the checkpoint files a bundle carries (the training state stays behind)
 BUNDLE_FILES = ("model.safetensors", "config.json", "dataset_statistics.json")
@@ -46,18 +51,9 @@ class ExportError(TutorialError, RuntimeError):
     """An export that was refused (destination not empty) or failed its parity check."""
 
 
-class BundleError(TutorialError, ValueError):
-    """A bundle whose files do not match its manifest (changed, missing, or no manifest)."""
-
-
 def _files(folder: Path) -> dict[str, dict]:
-    """``{relative path: {bytes, sha256}}`` of every file under ``folder`` but the manifest."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        rel = p.relative_to(folder).as_posix()
-        if p.is_file() and rel != MANIFEST_FILE:
-            out[rel] = {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
-    return out
+    """``{relative path: {bytes, sha256}}`` of every regular file under ``folder`` but the manifest."""
+    return scan_files(folder)[0]
 
 
 def _versions() -> dict[str, str | None]:
@@ -102,7 +98,7 @@ def validation_batch(checkpoint: str | os.PathLike, model, n: int = 8) -> tuple[
     src = Path(checkpoint)
     src = src.resolve() if src.is_symlink() else src
     run = src.parent.parent if src.parent.name == ck.CHECKPOINTS_DIR else None
-    train = (_json(run / CONFIG_FILE).get("train") or {}) if run else {}
+    train = (read_json_or_empty(run / CONFIG_FILE).get("train") or {}) if run else {}
     dataset = train.get("dataset")
     if not dataset or not (Path(dataset) / "meta" / "info.json").is_file():
         return None
@@ -187,14 +183,14 @@ def _metrics(src: Path, step: int | None) -> dict[str, Any]:
     """What is known about the checkpoint's quality: its validation row in the run's metrics,
     its config's validation (``best``), the run's best record."""
     out: dict[str, Any] = {}
-    conf = _json(src / "config.json")
+    conf = read_json_or_empty(src / "config.json")
     if isinstance(conf.get("val"), dict):
         out.update({k: v for k, v in conf["val"].items() if k.startswith("val_")})
     if src.parent.name == ck.CHECKPOINTS_DIR:
         for r in read_metrics(src.parent.parent):
             if "val_action_mae" in r and r["step"] == step:
                 out.update({k: v for k, v in r.items() if k.startswith("val_")})
-    best = _json(src / ck.TRAIN_STATE_JSON).get("best")
+    best = read_json_or_empty(src / ck.TRAIN_STATE_JSON).get("best")
     if isinstance(best, dict):
         out["run_best"] = best
     return out
@@ -266,35 +262,8 @@ def export(
 
 
 def verify(bundle: str | os.PathLike) -> dict[str, Any]:
-    """Check every file of a bundle against its manifest (size and sha256); returns the
-    manifest. A :class:`BundleError` names each changed, missing or unlisted file."""
-    d = Path(bundle)
-    path = d / MANIFEST_FILE
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BundleError(f"{path} is missing: {d} is not a bundle written by runs.export.") from None
-    except ValueError as exc:
-        raise BundleError(f"{path} is not JSON ({exc}); export the checkpoint again.") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
-        raise BundleError(f"{path}: format is not {BUNDLE_FORMAT!r}; {d} is not a bundle written by runs.export.")
-    listed = manifest.get("files") or {}
-    present = _files(d) if d.is_dir() else {}
-    problems = []
-    for name, info in sorted(listed.items()):
-        now = present.get(name)
-        if now is None:
-            problems.append(f"{name} is missing")
-        elif now["bytes"] != info.get("bytes"):
-            problems.append(f"{name} changed ({now['bytes']} bytes, the manifest says {info.get('bytes')})")
-        elif now["sha256"] != info.get("sha256"):
-            problems.append(
-                f"{name} changed (sha256 {now['sha256'][:12]}..., the manifest says {info['sha256'][:12]}...)"
-            )
-    problems += [f"{name} is not in the manifest" for name in sorted(set(present) - set(listed))]
-    if problems:
-        raise BundleError(
-            f"bundle {d} does not match {MANIFEST_FILE}: {'; '.join(problems)}. Do not serve it; export the "
-            "checkpoint again."
-        )
-    return manifest
+    """Check every file of a bundle against its manifest (size and sha256; types checked;
+    symbolic links, loops included, refused, never followed); returns the manifest. A
+    :class:`BundleError` names each changed, missing, unlisted or linked file. Loading a
+    bundle (``policies.load``, ``serve``) runs the same check first."""
+    return verify_bundle(bundle)

@@ -38,8 +38,9 @@ from typing import Any
 
 from tutorial_utils import jobs
 from tutorial_utils import logs as L
+from tutorial_utils.io import read_json_or_empty
 from tutorial_utils.runs import checkpoints as rck
-from tutorial_utils.runs.registry import _json, read_metrics, resolve, run_state
+from tutorial_utils.runs.registry import read_metrics, resolve, run_state
 from tutorial_utils.train import checkpoints as ck
 from tutorial_utils.train.loop import CONFIG_FILE, LOG_FILE, SUMMARY_FILE
 from tutorial_utils.train.watch import (  # the checks the training process also runs on itself
@@ -202,7 +203,7 @@ def check_statistics(d: Path, newest: Path | None) -> Check:
 
     path = d / STATS_FILE
     checked = f"{path}" + (f" and {newest / STATS_FILE}" if newest is not None else "")
-    stats = _json(path)
+    stats = read_json_or_empty(path)
     if not stats:
         return Check("normalisation statistics", "unknown" if not path.exists() else "fail", checked,
                      f"{path.name} is missing or not JSON: the run's normalisation cannot be checked")  # fmt: skip
@@ -233,7 +234,7 @@ def check_statistics(d: Path, newest: Path | None) -> Check:
                 "every normalised action dim is constant: the statistics describe no motion (the wrong column or an "
                 "empty dataset); recompute them with `python -m tutorial_utils dataset stats DATASET`"
             )
-    if newest is not None and (newest / STATS_FILE).is_file() and _json(newest / STATS_FILE) != stats:
+    if newest is not None and (newest / STATS_FILE).is_file() and read_json_or_empty(newest / STATS_FILE) != stats:
         problems.append(
             f"{newest.name}/{STATS_FILE} differs from the run's: the served policy unnormalises with other ranges"
         )
@@ -249,9 +250,9 @@ def check_gripper(d: Path, newest: Path | None, evaluations: list[dict]) -> Chec
     one conversion to robosuite flips a +-1 sign), and an evaluation served that convention."""
     from tutorial_utils.policies.normalize import STATS_FILE
 
-    conf = _json(newest / "config.json") if newest is not None else {}
+    conf = read_json_or_empty(newest / "config.json") if newest is not None else {}
     conv = (conf.get("dataset") or {}).get("gripper") if isinstance(conf.get("dataset"), dict) else None
-    act = _stats_action(_json(d / STATS_FILE)) or {}
+    act = _stats_action(read_json_or_empty(d / STATS_FILE)) or {}
     checked = f"{newest / 'config.json' if newest else 'no checkpoint'}; {d / STATS_FILE}" + "".join(
         f"; {e['results']}" for e in evaluations
     )
@@ -277,7 +278,7 @@ def check_gripper(d: Path, newest: Path | None, evaluations: list[dict]) -> Chec
         else:
             seen.append(f"gripper action in [{glo:.3g}, {ghi:.3g}]")
     for e in evaluations:
-        pol = _json(Path(e["results"])).get("policy") or {}
+        pol = read_json_or_empty(Path(e["results"])).get("policy") or {}
         served = pol.get("policy_gripper") or pol.get("gripper")
         if conv is not None and served is not None and served != conv:
             problems.append(
@@ -306,7 +307,7 @@ def check_cameras(d: Path, cfg: dict) -> Check:
     if ds is None:
         return Check("camera keys", "unknown", f"train_config.json dataset={cfg.get('dataset')!r}",
                      "the dataset is not on this machine: its meta/info.json cannot be read")  # fmt: skip
-    info = _json(ds / "meta" / "info.json")
+    info = read_json_or_empty(ds / "meta" / "info.json")
     videos = [
         k
         for k, v in (info.get("features") or {}).items()
@@ -321,7 +322,7 @@ def check_cameras(d: Path, cfg: dict) -> Check:
             f"the dataset lacks {', '.join(missing)} (it has {', '.join(videos) or 'no cameras'}); training then takes "
             f"the first video keys in their order, which may swap primary and wrist ({used})"
         )
-    modality = _json(ds / "meta" / "modality.json").get("video") or {}
+    modality = read_json_or_empty(ds / "meta" / "modality.json").get("video") or {}
     dangling = [
         v.get("original_key") for v in modality.values() if isinstance(v, dict) and v.get("original_key") not in videos
     ]
@@ -359,7 +360,7 @@ def _eval_videos(evaluations: list[dict]) -> list[Path]:
     found: list[Path] = []
     for e in evaluations:
         res = Path(e["results"])
-        out = (_json(res).get("config") or {}).get("output_dir")
+        out = (read_json_or_empty(res).get("config") or {}).get("output_dir")
         for folder in ([Path(out) / "videos"] if out else []) + [res.parent / "videos"]:
             found += sorted(folder.glob("*.mp4")) if folder.is_dir() else []
     return list(dict.fromkeys(found))[:ORIENTATION_FRAMES]
@@ -451,8 +452,8 @@ def diagnose(
     d = resolve(run, runs_dir)
     status = jobs.read_status(d)
     state = run_state(d, status)
-    saved = _json(d / CONFIG_FILE)
-    cfg = dict(saved.get("train") or _json(d / "copy.json").get("train") or {})
+    saved = read_json_or_empty(d / CONFIG_FILE)
+    cfg = dict(saved.get("train") or read_json_or_empty(d / "copy.json").get("train") or {})
     train = [r for r in read_metrics(d) if "loss" in r]
     newest = ck.find_last(d / ck.CHECKPOINTS_DIR) if (d / ck.CHECKPOINTS_DIR).is_dir() else None
     evaluations = _evaluations(d)

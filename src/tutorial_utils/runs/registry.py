@@ -33,7 +33,7 @@ from typing import Any
 
 from tutorial_utils import jobs, paths
 from tutorial_utils.errors import ConfigError, TutorialError
-from tutorial_utils.io import atomic_write_json, dir_size, human_bytes
+from tutorial_utils.io import atomic_write_json, dir_size, human_bytes, read_json_or_empty
 from tutorial_utils.train.checkpoints import (
     BEST,
     CHECKPOINTS_DIR,
@@ -85,12 +85,19 @@ def resolve(run: str | os.PathLike, runs_dir: str | os.PathLike | None = None) -
     )
 
 
-def _json(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+def resolve_owned(run: str | os.PathLike, runs_dir: str | os.PathLike | None, action: str) -> Path:
+    """:func:`resolve` for an action that changes the run (delete, resume, prune): a run named
+    through a symbolic link is refused (nothing follows a link out of the runs folder), with
+    the link and its target in the message. Checked before anything is changed."""
+    root = Path(runs_dir) if runs_dir else paths.RUNS
+    for cand in (Path(run), root / os.fspath(run)):
+        if cand.is_symlink() and is_run(cand):
+            raise RunBusy(
+                f"{cand} is a symbolic link (to {os.readlink(cand)}); {action} refused and nothing was changed: the "
+                f"runs platform never follows a link out of {root}. Fix: remove the link (`rm {cand}`), or {action} "
+                "the run by its real path if you mean it."
+            )
+    return resolve(run, runs_dir)
 
 
 def read_metrics(run: str | os.PathLike) -> list[dict]:
@@ -132,7 +139,7 @@ def run_state(run_dir: str | os.PathLike, status: dict | None = None, summary: d
     a dead process reads ``stale``) and summary.json."""
     d = Path(run_dir)
     status = jobs.read_status(d) if status is None else status
-    summary = _json(d / SUMMARY_FILE) if summary is None else summary
+    summary = read_json_or_empty(d / SUMMARY_FILE) if summary is None else summary
     job = jobs.run_state(status) if status.get("state") else None
     training = status.get("training")
     tr = jobs.run_state(training) if isinstance(training, dict) and training.get("state") else None
@@ -153,7 +160,7 @@ def run_state(run_dir: str | os.PathLike, status: dict | None = None, summary: d
         return "finished"
     if job:
         return job
-    if (d / COPY_FILE).is_file() or _json(d / TRAIN_CONFIG_FILE).get("forked_from"):
+    if (d / COPY_FILE).is_file() or read_json_or_empty(d / TRAIN_CONFIG_FILE).get("forked_from"):
         return "created"
     signs = status.get("success_signs")
     if isinstance(signs, dict) and signs:  # a job's logic run outside the runner: its signs say it
@@ -186,7 +193,7 @@ def _best(d: Path, summary: dict, state: str) -> dict:
     if state == "running" or rec is None:
         last = find_last(d / CHECKPOINTS_DIR) if (d / CHECKPOINTS_DIR).is_dir() else None
         if last is not None:
-            rec = _json(last / TRAIN_STATE_JSON).get("best") or rec
+            rec = read_json_or_empty(last / TRAIN_STATE_JSON).get("best") or rec
     return rec or {}
 
 
@@ -195,15 +202,15 @@ def row(run: str | os.PathLike, job_row: dict | None = None) -> dict[str, Any]:
     and best_step, success_rate (an evaluation job), wall_s, bytes (size on disk), updated."""
     d = Path(run)
     status = jobs.read_status(d)
-    summary = _json(d / SUMMARY_FILE)
-    cfg = _json(d / TRAIN_CONFIG_FILE)
-    copy_ = _json(d / COPY_FILE)
+    summary = read_json_or_empty(d / SUMMARY_FILE)
+    cfg = read_json_or_empty(d / TRAIN_CONFIG_FILE)
+    copy_ = read_json_or_empty(d / COPY_FILE)
     state = run_state(d, status, summary)
     training = status.get("training") if isinstance(status.get("training"), dict) else {}
     total = training.get("total") or summary.get("steps") or (cfg.get("train") or {}).get("steps")
     step = training.get("step") if training else summary.get("steps_done")
     if step is None and (d / CHECKPOINTS_DIR).is_dir() and (last := find_last(d / CHECKPOINTS_DIR)) is not None:
-        step = _json(last / TRAIN_STATE_JSON).get("step")
+        step = read_json_or_empty(last / TRAIN_STATE_JSON).get("step")
     best = _best(d, summary, state)
     wall = training.get("wall_s") or summary.get("wall_s_total") or summary.get("wall_s") or status.get("wall_s")
     job = (job_row or {}).get("job") or status.get("job") or copy_.get("job")
@@ -249,13 +256,13 @@ def show(run: str | os.PathLike, runs_dir: str | os.PathLike | None = None) -> d
     rows and the last control command."""
     d = resolve(run, runs_dir)
     root = d / CHECKPOINTS_DIR
-    cfg = _json(d / TRAIN_CONFIG_FILE)
-    copy_ = _json(d / COPY_FILE)
+    cfg = read_json_or_empty(d / TRAIN_CONFIG_FILE)
+    copy_ = read_json_or_empty(d / COPY_FILE)
     metrics = read_metrics(d)
     return {
         **row(d),
         "status": jobs.read_status(d),
-        "summary": _json(d / SUMMARY_FILE),
+        "summary": read_json_or_empty(d / SUMMARY_FILE),
         "config": cfg.get("train") or copy_.get("train") or copy_.get("parameters") or {},
         "policy_config": cfg.get("policy_config"),
         "changes": cfg.get("changes", []),
@@ -265,7 +272,7 @@ def show(run: str | os.PathLike, runs_dir: str | os.PathLike | None = None) -> d
         "checkpoints": [p.name for p in step_dirs(root)] + [BEST] * (root / BEST).is_dir(),
         "last": last_target(root),
         "metrics_tail": metrics[-5:],
-        "control": _json(d / CONTROL_FILE) or None,
+        "control": read_json_or_empty(d / CONTROL_FILE) or None,
     }
 
 
@@ -278,7 +285,7 @@ def train_config(run: str | os.PathLike, runs_dir: str | os.PathLike | None = No
     from tutorial_utils.train.config import TrainConfig
 
     d = resolve(run, runs_dir)
-    saved = _json(d / TRAIN_CONFIG_FILE).get("train") or _json(d / COPY_FILE).get("train")
+    saved = read_json_or_empty(d / TRAIN_CONFIG_FILE).get("train") or read_json_or_empty(d / COPY_FILE).get("train")
     if not saved:
         raise ConfigError(f"{d} is not a training run: it has no {TRAIN_CONFIG_FILE} with the training parameters.")
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"policy_config"}
@@ -357,7 +364,7 @@ def start(run: str | os.PathLike, runs_dir: str | os.PathLike | None = None, sou
     returns the ``TrainResult``; a job copy runs its notebook with the job runner and returns
     the ``RunResult``."""
     d = resolve(run, runs_dir)
-    record = _json(d / COPY_FILE)
+    record = read_json_or_empty(d / COPY_FILE)
     if not record:
         raise RunBusy(f"{d} is not a copy made by runs.copy (no {COPY_FILE}); resume a stopped run with runs.resume.")
     if (d / jobs.STATUS_FILE).exists() or (d / TRAIN_CONFIG_FILE).exists():
@@ -377,7 +384,7 @@ def start(run: str | os.PathLike, runs_dir: str | os.PathLike | None = None, sou
 def delete(run: str | os.PathLike, runs_dir: str | os.PathLike | None = None) -> int:
     """Delete a run directory and return the bytes freed. Refuses a running run (a fresh
     heartbeat, or a training process holding its lock); a stale one may go."""
-    d = resolve(run, runs_dir)
+    d = resolve_owned(run, runs_dir, "delete")
     state = run_state(d)
     if state == "running" or training_lock_held(d):
         raise RunBusy(

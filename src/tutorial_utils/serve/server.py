@@ -48,12 +48,49 @@ CLOSE_MESSAGE_TOO_BIG = 1009
 _ABS_DIRS = re.compile(r"(?<![\w.~:/-])/(?:[^\s/'\"`]+/)+")
 
 
+#: the longest error reply (characters): a request with a 15 MB key never gets a 15 MB answer
+MAX_ERROR_REPLY_CHARS = 2000
+#: the longest log line about one bad request
+MAX_LOG_CHARS = 300
+#: failed requests in a row after which a connection is closed (1008): its bad frames cost it, not others
+DEFAULT_MAX_BAD_FRAMES = 32
+#: websockets' close code for a policy violation
+CLOSE_POLICY_VIOLATION = 1008
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` redacted and cut to ``limit`` characters (the cut says how much was left out).
+    It is cut before and after redaction, so a huge text costs little and a token cut in two
+    by the first cut is masked by its shape or by its environment value."""
+    head = text[: limit * 2]
+    out = _secrets.redact(head)
+    if len(out) > limit or len(text) > len(head):
+        out = f"{out[:limit]}... [{len(text) - limit:,} more characters]"
+    return out
+
+
 def error_reply(exc: BaseException, debug: bool = False) -> str:
     """The text frame sent for a failed request: ``ErrorType: message`` with absolute paths cut to
-    their last part (``.../weights.bin``) and secrets masked; with ``debug`` the full traceback
-    (call it inside the ``except`` block)."""
-    text = traceback.format_exc() if debug else f"{type(exc).__name__}: {_ABS_DIRS.sub('.../', str(exc))}"
-    return _secrets.redact(text)
+    their last part (``.../weights.bin``), secrets masked and at most
+    :data:`MAX_ERROR_REPLY_CHARS` long; with ``debug`` the full traceback (call it inside the
+    ``except`` block)."""
+    if debug:
+        return bounded(traceback.format_exc(), MAX_ERROR_REPLY_CHARS * 8)
+    msg = str(exc)[: MAX_ERROR_REPLY_CHARS * 4]
+    return bounded(f"{type(exc).__name__}: {_ABS_DIRS.sub('.../', msg)}", MAX_ERROR_REPLY_CHARS)
+
+
+class _Failed:
+    """A request that failed in the worker thread: the reply, the log line, and whether it was the
+    client's fault (a bad frame: one short line) or the policy's (the log keeps the traceback)."""
+
+    __slots__ = ("reply", "line", "client_fault", "exc")
+
+    def __init__(self, exc: BaseException, debug: bool, client_fault: bool):
+        self.exc = exc if not client_fault else None
+        self.client_fault = client_fault
+        self.reply = error_reply(exc, debug)
+        self.line = bounded(f"{type(exc).__name__}: {str(exc)[: MAX_LOG_CHARS * 2]}", MAX_LOG_CHARS).replace("\n", " ")
 
 
 def announced_metadata(policy_metadata: dict) -> dict:
@@ -92,10 +129,13 @@ def _port_in_use_error(host: str, port: int) -> PortInUse:
 class PolicyServer:
     """Serve one :class:`tutorial_utils.policies.Policy` over the websocket protocol.
 
-    Inference runs in the event loop, as in openpi (one client at a time is the use case, and
-    a thread hop costs time on every request: ``benchmarks/bench_serving.py``); ``infer_in_thread=True``
-    moves it to a worker thread so ``/healthz`` and keepalive pings stay answered during a
-    slow (seconds-long) inference.
+    Decoding, checking and inference run in one worker thread, never in the event loop, so one
+    client's frames (a flood of bad ones, a slow inference) never hold up another's, nor
+    ``/healthz`` and keepalive pings; each connection has at most one request in the worker's
+    queue, so clients take turns (``benchmarks/bench_serving_fairness.py``). ``infer_in_thread``
+    is kept for callers; it is always on. A connection whose last ``max_bad_frames`` requests
+    all failed is closed with code 1008 (its bad frames cost it, not others); each failed request
+    logs one short line (the policy's own failures also log their traceback).
 
     ``await server.serve()`` runs until :meth:`stop`. ``port=0`` picks a free port
     (read :attr:`port` once :attr:`ready` is set).
@@ -104,7 +144,7 @@ class PolicyServer:
     :data:`~tutorial_utils.serve.protocol.DEFAULT_MAX_FRAME_BYTES`, 16 MiB) is refused from its
     header, before it is buffered: that connection is closed with code 1009 and the server goes on.
     A failed request is answered with a text frame ``ErrorType: message`` (paths cut to their last
-    part); ``debug=True`` sends the full traceback instead. The log always has the traceback.
+    part, at most :data:`MAX_ERROR_REPLY_CHARS`); ``debug=True`` sends the traceback instead.
 
     Requests may carry images of any size: they are resized to the policy's ``image_size``
     (see :func:`~tutorial_utils.serve.protocol.to_policy_observation`). openpi-shaped requests are
@@ -132,6 +172,7 @@ class PolicyServer:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         debug: bool = False,
         statistics: Any = None,
+        max_bad_frames: int = DEFAULT_MAX_BAD_FRAMES,
     ):
         from tutorial_utils.errors import ConfigError
         from tutorial_utils.serve.dit4dit_profile import METADATA_KEY, server_statistics
@@ -141,8 +182,11 @@ class PolicyServer:
                 f"max_frame_bytes must be a positive number of bytes, found {max_frame_bytes!r}; "
                 f"the default {DEFAULT_MAX_FRAME_BYTES} (16 MiB) fits openpi's LIBERO requests 50 times"
             )
+        if isinstance(max_bad_frames, bool) or not isinstance(max_bad_frames, int) or max_bad_frames <= 0:
+            raise ConfigError(f"max_bad_frames must be a positive whole number, found {max_bad_frames!r}")
         self.policy = policy
-        self.infer_in_thread = infer_in_thread
+        self.infer_in_thread = True  # always: decoding and inference never block the event loop
+        self.max_bad_frames = max_bad_frames
         self.max_frame_bytes = max_frame_bytes
         self.debug = debug
         self.host = host
@@ -166,10 +210,33 @@ class PolicyServer:
     def policy_gripper(self) -> str:
         return self.metadata.get("policy_gripper", ROBOSUITE_GRIPPER)
 
-    def _infer(self, request: Any) -> dict[str, Any]:
-        protocol = detect_protocol(request)
-        obs = to_policy_observation(request, self.image_size)
-        result = self.policy.infer(obs)
+    def _work(self, frame: Any, prev_total: float | None) -> bytes | _Failed:
+        """One request, in the worker thread: decode and check it (a failure is the client's
+        fault), infer (a failure is the policy's), pack the reply."""
+        try:
+            if isinstance(frame, str):
+                raise ObservationError("expected a binary msgpack frame, received a text frame")
+            request = unpackb(frame)  # WireError names the key of a bad ndarray map
+            if not isinstance(request, dict):
+                raise ObservationError(f"a request is a map of observation keys, received {type(request).__name__}")
+            protocol = detect_protocol(request)
+            obs = to_policy_observation(request, self.image_size)
+        except Exception as exc:
+            return _Failed(exc, self.debug, client_fault=True)
+        try:
+            t_inf = time.monotonic()
+            result = self.policy.infer(obs)
+            reply = self._reply(result, protocol, request)
+            timing = {"infer_ms": (time.monotonic() - t_inf) * 1000.0}
+            if prev_total is not None:
+                timing["prev_total_ms"] = prev_total
+            if "examples" not in request:  # DiT4DiT replies keep upstream's keys only
+                reply["server_timing"] = timing
+            return packb(reply)
+        except Exception as exc:
+            return _Failed(exc, self.debug, client_fault=isinstance(exc, ObservationError))
+
+    def _reply(self, result: dict, protocol: str, request: dict) -> dict[str, Any]:
         if protocol == "dit4dit":
             # a DiT4DiT client un-normalises with dataset_statistics.json itself
             normalized = self.dit4dit_statistics.normalize(result["actions"], self.policy_gripper)
@@ -186,7 +253,7 @@ class PolicyServer:
         logger.info(_logs.SERVER_CONNECTION_FROM.format(addr=addr))
         loop = asyncio.get_running_loop()
         await ws.send(packb(self.metadata))
-        prev_total = None
+        prev_total, bad_in_a_row = None, 0
         while True:
             try:
                 frame = await ws.recv()
@@ -203,35 +270,33 @@ class PolicyServer:
                 logger.info(_logs.SERVER_CONNECTION_CLOSED.format(addr=addr))
                 return
             t0 = time.monotonic()
-            try:
-                if isinstance(frame, str):
-                    raise ObservationError("expected a binary msgpack frame, received a text frame")
-                request = unpackb(frame)  # WireError names the key of a bad ndarray map
-                t_inf = time.monotonic()
-                if self.infer_in_thread:
-                    reply = await loop.run_in_executor(self._executor, self._infer, request)
-                else:
-                    reply = self._infer(request)
-                infer_ms = (time.monotonic() - t_inf) * 1000.0
-                timing = {"infer_ms": infer_ms}
-                if prev_total is not None:
-                    timing["prev_total_ms"] = prev_total
-                if "examples" not in request:  # DiT4DiT replies keep upstream's keys only
-                    reply["server_timing"] = timing
-                data = packb(reply)
-            except Exception as exc:
+            out = await loop.run_in_executor(self._executor, self._work, frame, prev_total)
+            if isinstance(out, _Failed):
                 self.errors += 1
+                bad_in_a_row += 1
                 logger.warning(
-                    _logs.SERVER_REQUEST_ERROR.format(addr=addr, error=f"{type(exc).__name__}: {exc}"), exc_info=True
+                    _logs.SERVER_REQUEST_ERROR.format(addr=addr, error=out.line),
+                    exc_info=(type(out.exc), out.exc, out.exc.__traceback__) if out.exc is not None else None,
                 )
                 try:
-                    await ws.send(error_reply(exc, self.debug))
+                    await ws.send(out.reply)
+                    if bad_in_a_row >= self.max_bad_frames:
+                        logger.warning(
+                            _logs.SERVER_REQUEST_ERROR.format(
+                                addr=addr,
+                                error=f"{bad_in_a_row} failed requests in a row, connection closed (1008)",
+                            )
+                        )
+                        await ws.close(CLOSE_POLICY_VIOLATION, f"{bad_in_a_row} failed requests in a row")
+                        logger.info(_logs.SERVER_CONNECTION_CLOSED.format(addr=addr))
+                        return
                 except websockets.ConnectionClosed:
                     logger.info(_logs.SERVER_CONNECTION_CLOSED.format(addr=addr))
                     return
                 continue
+            bad_in_a_row = 0
             try:
-                await ws.send(data)
+                await ws.send(out)
             except websockets.ConnectionClosed:
                 logger.info(_logs.SERVER_CONNECTION_CLOSED.format(addr=addr))
                 return

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from tutorial_utils.errors import ConfigError, TutorialError
+from tutorial_utils.io import SmallFileError, read_json_or_empty, read_small
 
 CHECKPOINTS_DIR = "checkpoints"
 BEST = "best"
@@ -150,13 +151,66 @@ def last_target(ckpt_root: Path) -> str | None:
 def checkpoint_step(path: Path) -> int | None:
     """The step a checkpoint was saved at (training_state.json, else config.json), or None."""
     for name in (TRAIN_STATE_JSON, "config.json"):
-        try:
-            step = json.loads((Path(path) / name).read_text(encoding="utf-8")).get("step")
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(step, int):
+        step = read_json_or_empty(Path(path) / name).get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
             return step
     return None
+
+
+#: the keys of ``training_state.json`` and their types
+TRAIN_STATE_SCHEMA = {
+    "step": int,
+    "run_id": (str, type(None)),
+    "reason": (str, type(None)),
+    "best": (dict, type(None)),
+    "batch_size": int,
+    "world_size": int,
+    "seed": int,
+    "time": (int, float),
+}
+
+
+def train_state_meta(path: Path) -> dict:
+    """A checkpoint's ``training_state.json``, checked (bounded read, ``step`` a non-negative
+    int, the other keys typed): a :class:`CheckpointNotFound` naming the file and the key."""
+    f = Path(path) / TRAIN_STATE_JSON
+    fix = "resume from another checkpoint (runs checkpoints RUN lists them), or start a new run"
+    try:
+        meta = read_small(f, schema=TRAIN_STATE_SCHEMA, required=("step",), fix=fix)
+    except FileNotFoundError:
+        raise CheckpointNotFound(f"{f} is missing: {path} is not a complete checkpoint. Fix: {fix}.") from None
+    except SmallFileError as exc:
+        raise CheckpointNotFound(str(exc)) from None
+    if meta["step"] < 0:
+        raise CheckpointNotFound(f"{f} [step]: {meta['step']} is negative. Fix: {fix}.")
+    return meta
+
+
+def load_train_state(path: Path) -> dict:
+    """The optimizer, scheduler and RNG state of a checkpoint (``training_state.pt``, loaded
+    with ``weights_only=True``). A corrupt or foreign file is a :class:`CheckpointNotFound`
+    that says which checkpoint to use instead (never torch's advice to unpickle it unsafely)."""
+    import torch
+
+    f = Path(path) / TRAIN_STATE_FILE
+    fix = (
+        f"resume from another checkpoint of the run (`python -m tutorial_utils runs checkpoints RUN`), or roll back "
+        f"to one (`runs rollback RUN step_N`); do not load {TRAIN_STATE_FILE} with weights_only=False"
+    )
+    try:
+        state = torch.load(f, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointNotFound(f"{f} is missing: the checkpoint is incomplete. Fix: {fix}.") from None
+    except Exception as exc:  # UnpicklingError, RuntimeError (not a zip), EOFError, ...
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        raise CheckpointNotFound(
+            f"{f} is corrupt or not a training state written by this package ({type(exc).__name__}: {first}). "
+            f"Fix: {fix}."
+        ) from None
+    missing = [k for k in ("optimizer", "scheduler", "torch_rng") if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise CheckpointNotFound(f"{f} lacks {', '.join(missing)}: not a training state of this package. Fix: {fix}.")
+    return state
 
 
 def resolve_checkpoint(ckpt_root: Path, ref: str | os.PathLike, resumable: bool = True) -> Path:
@@ -191,10 +245,7 @@ def resolve_checkpoint(ckpt_root: Path, ref: str | os.PathLike, resumable: bool 
 
 def best_step(ckpt_root: Path) -> int | None:
     """The step of the model in ``best`` (the step it was validated at, or the checkpoint it was marked from)."""
-    try:
-        meta = json.loads((Path(ckpt_root) / BEST / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    meta = read_json_or_empty(Path(ckpt_root) / BEST / "config.json")
     marked = meta.get("best") if isinstance(meta.get("best"), dict) else {}
     step = marked.get("step", meta.get("step"))
     return step if isinstance(step, int) else None
@@ -202,10 +253,7 @@ def best_step(ckpt_root: Path) -> int | None:
 
 def marked_by_hand(ckpt_root: Path) -> bool:
     """Whether ``best`` was chosen by hand (``runs.mark_best``): the loop then leaves it alone."""
-    try:
-        meta = json.loads((Path(ckpt_root) / BEST / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
+    meta = read_json_or_empty(Path(ckpt_root) / BEST / "config.json")
     return isinstance(meta.get("best"), dict) and meta["best"].get("by") == "hand"
 
 

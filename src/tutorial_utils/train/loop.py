@@ -65,7 +65,16 @@ import numpy as np
 
 from tutorial_utils import logs as L
 from tutorial_utils.errors import ConfigError, TutorialError
-from tutorial_utils.io import atomic_dir, atomic_write_json, atomic_write_text, dir_size, human_bytes, read_jsonl
+from tutorial_utils.io import (
+    atomic_dir,
+    atomic_write_json,
+    atomic_write_text,
+    dir_size,
+    human_bytes,
+    read_json_or_empty,
+    read_jsonl,
+    read_small,
+)
 from tutorial_utils.policies.base import BATCH_ACTION, BATCH_ACTION_IS_PAD, BATCH_TASK
 from tutorial_utils.policies.normalize import STATS_FILE
 from tutorial_utils.train.checkpoints import (
@@ -77,6 +86,7 @@ from tutorial_utils.train.checkpoints import (
     OutputDirInUse,
     discard_after,
     find_last,
+    load_train_state,
     lock_output_dir,
     marked_by_hand,
     point_last,
@@ -85,6 +95,7 @@ from tutorial_utils.train.checkpoints import (
     resolve_checkpoint,
     slow_save_hook,
     step_dir_name,
+    train_state_meta,
 )
 from tutorial_utils.train.config import TrainConfig
 from tutorial_utils.train.data import (
@@ -218,6 +229,14 @@ def _ignore_stop_signals(_worker_id: int) -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
+#: the control file is a few hundred bytes; anything far bigger is not a command
+CONTROL_MAX_BYTES = 64 << 10
+CONTROL_SCHEMA = {"command": str, "time": (int, float), "id": str, "acknowledged": (dict, type(None))}
+CONTROL_FIX = (
+    'write {"command": "stop"} or {"command": "pause"} as a regular JSON file (runs.stop / runs.pause do it for you)'
+)
+
+
 class ControlFile:
     """``<output_dir>/control.json``, polled by the main process once per step: a ``stat`` (one
     system call) and a read only when the file changed. ``{"command": "stop"}`` or ``"pause"``
@@ -248,14 +267,11 @@ class ControlFile:
         return st.st_mtime_ns, st.st_size, st.st_ino
 
     def _read(self, quiet: bool = False) -> Any:
-        try:
-            return json.loads(self.path.read_text(encoding="utf-8"))
+        try:  # bounded and typed: a FIFO, a huge or deeply nested file is "no command", never a hang or a crash
+            return read_small(self.path, schema=CONTROL_SCHEMA, max_bytes=CONTROL_MAX_BYTES, fix=CONTROL_FIX)
         except (OSError, ValueError) as exc:
             if not quiet:
-                self.warn(
-                    f"warning: {self.path} is not JSON ({type(exc).__name__}: {str(exc)[:80]}); ignored. Write "
-                    f'{{"command": "stop"}} or {{"command": "pause"}} (runs.stop / runs.pause do it for you).'
-                )
+                self.warn(f"warning: {str(exc)[:300]}; ignored.")
             return None
 
     def poll(self) -> str | None:
@@ -273,7 +289,8 @@ class ControlFile:
         if isinstance(data, dict) and data.get("acknowledged"):
             return None
         if cmd not in CONTROL_COMMANDS:
-            self.warn(f"warning: {self.path}: command {cmd!r} is not one of {', '.join(CONTROL_COMMANDS)}; ignored.")
+            shown = repr(cmd) if len(repr(cmd)) <= 40 else f"{repr(cmd)[:40]}..."
+            self.warn(f"warning: {self.path}: command {shown} is not one of {', '.join(CONTROL_COMMANDS)}; ignored.")
             return None
         return cmd
 
@@ -470,7 +487,14 @@ class Checkpointer:
     def resume_point(self) -> Path | None:
         """The checkpoint to resume from; refuses to start a fresh run over an old one."""
         if self.cfg.resume_from:
-            return resolve_checkpoint(self.root, self.cfg.resume_from)
+            found = resolve_checkpoint(self.root, self.cfg.resume_from)
+            if found.resolve().parent != self.root.resolve():  # a resume continues only the run's own checkpoints
+                raise ConfigError(
+                    f"resume_from={self.cfg.resume_from!r} ({found}) is not a checkpoint of {self.root.parent}. Fork a "
+                    f"new run from it (`python -m tutorial_utils runs resume RUN --from {found}` does), or start a "
+                    "new run with pretrained_checkpoint=<it>."
+                )
+            return found
         if self.cfg.resume:
             found = find_last(self.root)
             if found is None:
@@ -493,11 +517,11 @@ class Checkpointer:
         from tutorial_utils.policies.checkpoint import load_weights_into
 
         load_weights_into(model, path)
-        state = torch.load(path / TRAIN_STATE_FILE, map_location="cpu", weights_only=True)
+        state = load_train_state(path)  # a teaching error for a corrupt file, not torch's advice
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
-        meta = json.loads((path / TRAIN_STATE_JSON).read_text())
+        meta = train_state_meta(path)
         self.best = meta.get("best", self.best)
         if (
             meta.get("world_size", self.world) != self.world
@@ -893,14 +917,6 @@ def _lock(out: Path, acc, main: bool, held: contextlib.ExitStack) -> None:
             )
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def config_changes(saved: dict, cfg: TrainConfig) -> list[dict]:
     """The parameters of ``cfg`` that differ from a run's ``train_config.json`` (``saved``), as
     ``{"name", "old", "new"}``; parameters in :data:`RESUME_FREE` do not count, nor a parameter
@@ -927,11 +943,11 @@ def run_history(out: Path, cfg: TrainConfig, resume_from: Path | None) -> tuple[
     """What train_config.json carries over from the run's earlier invocations (``copied_from``,
     ``forked_from``, ``changes``, ``resumes``) and the names changed by this resume. A resume that
     changes a parameter outside :data:`RESUME_CHANGEABLE` is a :class:`ConfigError` naming it."""
-    saved = _read_json(out / CONFIG_FILE)
+    saved = read_json_or_empty(out / CONFIG_FILE)
     history = {k: saved[k] for k in ("copied_from", "forked_from") if k in saved}
     if resume_from is None:
         return history, set()
-    step = int(_read_json(resume_from / TRAIN_STATE_JSON).get("step", 0))
+    step = int(read_json_or_empty(resume_from / TRAIN_STATE_JSON).get("step", 0))
     diffs = config_changes(saved, cfg) if saved.get("train") else []
     bad = [d for d in diffs if d["name"] not in RESUME_CHANGEABLE]
     if bad:
@@ -959,7 +975,7 @@ def _wall_before(out: Path) -> float:
     from tutorial_utils.jobs import read_status
 
     training = read_status(out).get("training") or {}
-    summary = _read_json(out / SUMMARY_FILE)
+    summary = read_json_or_empty(out / SUMMARY_FILE)
     for v in (training.get("wall_s"), summary.get("wall_s_total"), summary.get("wall_s")):
         if isinstance(v, (int, float)):
             return float(v)
@@ -968,7 +984,7 @@ def _wall_before(out: Path) -> float:
 
 def _rewind(root: Path, resume_from: Path) -> None:
     """Resume in place from an earlier checkpoint: its later checkpoints go, ``last`` points at it."""
-    step = int(_read_json(resume_from / TRAIN_STATE_JSON).get("step", 0))
+    step = int(read_json_or_empty(resume_from / TRAIN_STATE_JSON).get("step", 0))
     gone = discard_after(root, step)
     if resume_from.parent.resolve() == root.resolve():
         point_last(root, resume_from)
@@ -1036,8 +1052,6 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     history, changed = run_history(out, cfg, resume_from)  # every rank reads before the main one writes
     wall_before = _wall_before(out) if resume_from is not None else 0.0
     acc.wait_for_everyone()
-    if main and cfg.resume_from and resume_from is not None:
-        _rewind(ckpt.root, resume_from)
 
     # model
     torch.manual_seed(cfg.seed)
@@ -1051,6 +1065,8 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     params = [p for group in optimizer.param_groups for p in group["params"]]
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, cfg))
     start_step = ckpt.restore(resume_from, policy, optimizer, scheduler) if resume_from is not None else 0
+    if main and cfg.resume_from and resume_from is not None:  # checked (model, weights, state): now change the disk
+        _rewind(ckpt.root, resume_from)
     if changed & {"optimizer_lr", "steps"}:  # the restored scheduler still holds the old peak and length
         scheduler.base_lrs = [cfg.optimizer_lr for _ in scheduler.base_lrs]
         for group in optimizer.param_groups:
