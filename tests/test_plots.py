@@ -50,3 +50,49 @@ def test_stats_and_timings_figures():
     assert len(plots.stats_figure(stats, ["a"]).get_axes()) == 1
     fig = plots.timings_figure({"cold": 0.5, "warm": 0.001})
     assert fig.get_axes()[0].get_xscale() == "log"
+
+
+def _shown(monkeypatch):
+    import IPython.display
+
+    got = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: got.extend(objs))
+    return got
+
+
+def test_show_displays_a_figure_built_without_pyplot_as_an_image(monkeypatch):
+    from matplotlib.figure import Figure
+
+    got = _shown(monkeypatch)
+    fig = Figure(figsize=(13, 3.8))
+    fig.subplots().plot([0, 1], label="a")
+    assert plots.show(fig) is None  # a cell ending in show() prints no repr
+    (img,) = got
+    assert img.data.startswith(b"\x89PNG") and img.width == plots.PAGE_PX  # wider than the page: page wide
+
+
+def test_show_closes_a_pyplot_figure_so_it_is_not_shown_twice(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    got = _shown(monkeypatch)
+    fig, ax = plt.subplots(figsize=(4, 3))
+    plots.show(ax)  # an Axes is shown as its figure
+    assert len(got) == 1 and got[0].width == 400
+    assert fig.number not in plt.get_fignums()
+    with pytest.raises(TypeError, match="matplotlib Figure"):
+        plots.show("not a figure")
+
+
+def test_readable_enlarges_text_that_would_be_tiny_at_page_width():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 3.8))
+    ax = fig.subplots()
+    ax.plot([0, 1], label="a curve")
+    ax.legend(fontsize=5)
+    ax.set_title("a title", fontsize=20)
+    plots.readable(fig)
+    px_per_pt = plots.PAGE_PX / (13 * 72)
+    legend = ax.get_legend().get_texts()[0]
+    assert legend.get_fontsize() * px_per_pt >= plots.MIN_TEXT_PX - 1e-6  # 5 pt would be ~4 px
+    assert ax.title.get_fontsize() == 20  # large text stays as it is
