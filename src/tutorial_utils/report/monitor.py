@@ -652,7 +652,24 @@ class RunMonitor:
     # --- display ---------------------------------------------------------------------------------
 
     def _repr_mimebundle_(self, **kwargs):
-        return self.panel._repr_mimebundle_(**kwargs)
+        """The live widget, and for a page without a kernel (the HTML book prefers ``text/html``,
+        see ``_config.yml``) a frozen copy without the buttons: there they would do nothing."""
+        bundle = self.panel._repr_mimebundle_(**kwargs)
+        return {**bundle, "text/html": self.frozen_html()}
+
+    def frozen_html(self) -> str:
+        """The panel as it is now, as plain HTML with no controls, and where to get the live one."""
+        png = base64.b64encode(self.image.value).decode() if self.image.value else ""
+        return (
+            '<div class="monitor-frozen"><p><em>The live panel as it was when this cell ran. In JupyterLab '
+            "(<code>make lab</code>) it follows the run and its Stop and Pause buttons work.</em></p>"
+            + self.header.value
+            + self.health.value
+            + (f'<img style="max-width:100%" src="data:image/png;base64,{png}"/>' if png else "")
+            + self.system.value
+            + self.log.value
+            + "</div>"
+        )
 
     @property
     def closed(self) -> bool:
