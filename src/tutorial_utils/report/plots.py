@@ -133,46 +133,4 @@ def timings_figure(
     return fig
 
 
-#: the text column of the HTML book, in CSS pixels: a wider figure is shown scaled down to it
-PAGE_PX = 800
-#: the smallest text a shown figure may have, in CSS pixels at :data:`PAGE_PX`
-MIN_TEXT_PX = 9.0
-
-
-def readable(fig, page_px: int = PAGE_PX, min_text_px: float = MIN_TEXT_PX):
-    """Enlarge every text of ``fig`` (titles, labels, ticks, legends, annotations) that would be
-    smaller than ``min_text_px`` once the figure is scaled to ``page_px`` wide. Returns ``fig``."""
-    from matplotlib.text import Text
-
-    width_in = fig.get_figwidth()
-    px_per_pt = min(page_px, width_in * 100) / (width_in * 72)  # shown at 100 dpi, at most page wide
-    smallest_pt = min_text_px / px_per_pt
-    for text in fig.findobj(Text):
-        if text.get_text() and text.get_fontsize() < smallest_pt:
-            text.set_fontsize(smallest_pt)
-    return fig
-
-
-def show(fig, dpi: int = 100, page_px: int = PAGE_PX) -> None:
-    """Show a figure in the notebook (and so on the book's page) however it was built: a
-    ``matplotlib.figure.Figure`` made without pyplot (which IPython would print as ``<Figure size
-    ...>``), a pyplot figure (closed after, so it is not shown twice), or anything with a
-    ``figure`` attribute (an Axes). Small text is enlarged first (:func:`readable`); a figure wider
-    than the page is shown at the page's width."""
-    import matplotlib.pyplot as plt
-    from IPython.display import Image, display
-    from matplotlib._pylab_helpers import Gcf
-
-    from tutorial_utils.report.monitor import figure_png
-
-    fig = getattr(fig, "figure", fig)
-    if not hasattr(fig, "savefig"):
-        raise TypeError(f"show() takes a matplotlib Figure (or an Axes), not {type(fig).__name__}")
-    png = figure_png(readable(fig, page_px), dpi=dpi)
-    width = min(page_px, round(fig.get_figwidth() * dpi))
-    display(Image(data=png, format="png", width=width))
-    if any(m.canvas.figure is fig for m in Gcf.get_all_fig_managers()):  # pyplot's: not shown twice
-        plt.close(fig)
-
-
-__all__ = ["traces_figure", "episode_figure", "stats_figure", "timings_figure", "readable", "show"]
+__all__ = ["traces_figure", "episode_figure", "stats_figure", "timings_figure"]
