@@ -194,6 +194,10 @@ def test_tail_lines_and_levels(tmp_path):
     assert M.line_level("[Exp: r] Step 3, Loss: {'total_loss': 0.2}") is None
     html = M.log_html(["ok", "RuntimeError: boom", "warning: slow <disk>"])
     assert html.count("font-weight:bold") == 1 and "&lt;disk&gt;" in html and M.ORANGE in html
+    from tutorial_utils import paths
+
+    saved = M.log_html([f"checkpoint saved at {paths.REPO}/runs/r1/checkpoints/step_7"])
+    assert "checkpoint saved at runs/r1/checkpoints/step_7" in saved and str(paths.REPO) not in saved
 
 
 # --- the live panel -------------------------------------------------------------------------------

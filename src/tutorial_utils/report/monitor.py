@@ -48,6 +48,7 @@ from tutorial_utils.data.libero_schema import LIBERO_ACTION_NAMES
 from tutorial_utils.errors import TutorialError
 from tutorial_utils.io import human_bytes
 from tutorial_utils.jobs import STATUS_FILE as STATUS
+from tutorial_utils.paths import for_book
 from tutorial_utils.train.checkpoints import METRICS_FILE as METRICS
 from tutorial_utils.train.loop import LOG_FILE as LOG
 from tutorial_utils.train.loop import SAMPLES_DIR as SAMPLES
@@ -340,10 +341,11 @@ def system_html(view: RunView) -> str:
 
 
 def log_html(lines: list[str]) -> str:
-    """Log lines in a ``<pre>``, errors in red and warnings in orange."""
+    """Log lines in a ``<pre>``, errors in red and warnings in orange; this machine's folders
+    written portably (``runs/...``, ``$TMPDIR/...``: :func:`tutorial_utils.paths.for_book`)."""
     out = []
     for line in lines:
-        text = html.escape(line)
+        text = html.escape(for_book(line))
         level = line_level(line)
         if level == "error":
             text = f'<span style="color:{RED};font-weight:bold">{text}</span>'
@@ -372,7 +374,7 @@ def health_html(diagnosis: Any) -> str:
         color = RED if f.severity == "error" else ORANGE
         items.append(
             f'<li><b style="color:{color}">{html.escape(f.severity)} {html.escape(f.code)}</b>: '
-            f"{html.escape(f.message)} <i>Fix: {html.escape(f.fix)}</i></li>"
+            f"{html.escape(for_book(f.message))} <i>Fix: {html.escape(for_book(f.fix))}</i></li>"
         )
     return '<div style="font-size:90%">health:<ul style="margin:0">' + "".join(items) + "</ul></div>"
 
