@@ -115,13 +115,19 @@ def test_machine_paths_name_this_machines_folders():
 def test_typed_result_numbers_in_sources_are_found():
     text = (
         "# Job\n\nThe promoted sweep took about 35 minutes and reached 70% (14/20 episodes).\n\n"
+        "100 episodes took 8 to 17 minutes.\n"
         "```python\nprint('90%')\n```\n\nThe paper reports 98.6% <!-- typed: a fact of the paper -->\n"
         "Run `-p steps 12000` and {glue:text}`rate`.\n"
     )
     found = pagecheck.typed_numbers(text, "jobs/x.md")
-    assert [f.detail.split(" typed")[0] for f in found] == ["'about 35 minutes'", "'70%'", "'14/20 episodes'"]
-    assert {f.page for f in found} == {"jobs/x.md:3"}
-    assert pagecheck.typed_numbers("Nothing typed here: {glue:text}`x` and `50%`.\n") == []
+    assert [f.detail.split(" typed")[0] for f in found] == [
+        "'about 35 minutes'",
+        "'70%'",
+        "'14/20 episodes'",
+        "'took 8 to 17 minutes'",
+    ]
+    assert [f.page for f in found] == ["jobs/x.md:3"] * 3 + ["jobs/x.md:5"]
+    assert pagecheck.typed_numbers("Nothing typed here: {glue:text}`x` and `50%`, a 95% Wilson interval.\n") == []
 
 
 # --- the real book -------------------------------------------------------------------------------

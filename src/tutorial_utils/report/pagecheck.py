@@ -134,6 +134,8 @@ def machine_paths() -> list[str]:
         os.fspath(paths.RUNS),
         os.fspath(paths.DATA),
         os.path.expanduser("~"),
+        sys.prefix,  # the virtual environment (its python in a generated script)
+        os.path.realpath(sys.prefix),
         tempfile.gettempdir(),
         os.path.realpath(tempfile.gettempdir()),
     }
@@ -312,8 +314,8 @@ def check_site(site: Path, order: list[str] | None = None, forbidden_paths: list
 
 #: a result typed into prose: a rate, a count of successes, a run's duration
 _TYPED = re.compile(
-    r"(?<![\w.$/-])(\d+(?:\.\d+)?\s?%|\d+\s?/\s?\d+\s+(?:episodes|successes|trials|starts)|"
-    r"(?:about|took|takes|in|~)\s+\d+(?:\.\d+)?\s*(?:minutes|min|hours|h|seconds)\b)"
+    r"(?<![\w.$/-])(\d+(?:\.\d+)?\s?%(?!\s*(?:Wilson|confidence|interval|CI)\b)|\d+\s?/\s?\d+\s+(?:episodes|successes|trials|starts)|"
+    r"(?:about|took|takes|in|~)\s+\d+(?:\.\d+)?(?:\s*(?:to|-|–)\s*\d+(?:\.\d+)?)?\s*(?:minutes|min|hours|h|seconds)\b)"
 )
 #: lines a check does not read: code, fences, glue, tables of settings, links' targets
 _FENCE = re.compile(r"^\s*(```|~~~|:::)")
