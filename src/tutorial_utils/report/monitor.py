@@ -559,7 +559,9 @@ class StaticPanel:
     def png(self) -> bytes:
         """The figure as PNG (drawn once)."""
         if self._png is None:
-            self._png = figure_png(self.figure, dpi=100)
+            from tutorial_utils.report.page import readable
+
+            self._png = figure_png(readable(self.figure), dpi=100)  # its text readable at the page's width
         return self._png
 
     def _repr_html_(self) -> str:
