@@ -33,7 +33,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import io
 import json
 import os
 import re
@@ -49,6 +48,7 @@ from tutorial_utils.errors import TutorialError
 from tutorial_utils.io import human_bytes
 from tutorial_utils.jobs import STATUS_FILE as STATUS
 from tutorial_utils.paths import for_book
+from tutorial_utils.report.page import figure_png, readable
 from tutorial_utils.train.checkpoints import METRICS_FILE as METRICS
 from tutorial_utils.train.loop import LOG_FILE as LOG
 from tutorial_utils.train.loop import SAMPLES_DIR as SAMPLES
@@ -536,13 +536,6 @@ def sample_axes(ax, sample: dict | None) -> None:
     ax.tick_params(labelsize=7)
 
 
-def figure_png(fig, dpi: int = 80) -> bytes:
-    """A Figure (pyplot's or not) as PNG bytes."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
-
-
 # --- static, for the book -------------------------------------------------------------------------
 
 
@@ -559,8 +552,6 @@ class StaticPanel:
     def png(self) -> bytes:
         """The figure as PNG (drawn once)."""
         if self._png is None:
-            from tutorial_utils.report.page import readable
-
             self._png = figure_png(readable(self.figure), dpi=100)  # its text readable at the page's width
         return self._png
 

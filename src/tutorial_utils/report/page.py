@@ -32,6 +32,15 @@ def readable(fig, page_px: int = PAGE_PX, min_text_px: float = MIN_TEXT_PX):
     return fig
 
 
+def figure_png(fig, dpi: int = 80) -> bytes:
+    """A Figure (pyplot's or not) as PNG bytes."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
 def show(fig, dpi: int = 100, page_px: int = PAGE_PX) -> None:
     """Show a figure in the notebook (and so on the book's page) however it was built: a
     ``matplotlib.figure.Figure`` made without pyplot (which IPython would print as ``<Figure size
@@ -41,8 +50,6 @@ def show(fig, dpi: int = 100, page_px: int = PAGE_PX) -> None:
     import matplotlib.pyplot as plt
     from IPython.display import Image, display
     from matplotlib._pylab_helpers import Gcf
-
-    from tutorial_utils.report.monitor import figure_png
 
     fig = getattr(fig, "figure", fig)
     if not hasattr(fig, "savefig"):
@@ -84,4 +91,4 @@ def setup() -> None:
     pd.set_option("display.float_format", number)
 
 
-__all__ = ["PAGE_PX", "MIN_TEXT_PX", "readable", "show", "number", "setup"]
+__all__ = ["PAGE_PX", "MIN_TEXT_PX", "figure_png", "readable", "show", "number", "setup"]

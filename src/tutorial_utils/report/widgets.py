@@ -66,7 +66,7 @@ def image_browser(
     import ipywidgets as w
     import matplotlib.pyplot as plt
 
-    from tutorial_utils.report.plots import readable
+    from tutorial_utils.report.page import readable
 
     names = list(choices)
     sliders = {
