@@ -29,6 +29,8 @@ pytestmark = pytest.mark.browser
 HTML = Path(os.environ.get("BOOK_ROOT") or REPO / "_build" / "html").resolve()
 SHOTS = REPO / "_build" / "screenshots"
 PAGES = [p.relative_to(REPO).with_suffix(".html").as_posix() for p in book.toc_files(REPO)]
+#: an output that shows a widget (myst-nb writes its view as a script of this type)
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
@@ -156,7 +158,7 @@ def _check_page(page, server, driver, shot_prefix=""):
     )
     assert not bad_imgs, f"{page}: images that did not decode: {bad_imgs}"
 
-    if "application/vnd.jupyter.widget-state+json" in driver.page_source:
+    if WIDGET_VIEW in driver.page_source:  # a page whose widget state no output shows has nothing to wait for
         driver.implicitly_wait(0)
         import time
 
@@ -193,7 +195,7 @@ def test_published_copy_serves_cleanly_and_offline(driver, tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert (dest / "index.html").is_file() and (dest / ".nojekyll").is_file()
-    widget_pages = [p for p in PAGES if "application/vnd.jupyter.widget-state+json" in (dest / p).read_text()]
+    widget_pages = [p for p in PAGES if WIDGET_VIEW in (dest / p).read_text()]
     assert widget_pages, "no published page carries saved widget state"
     with _serve(dest) as url:
         for page in dict.fromkeys([PAGES[0], widget_pages[0]]):  # the TOC's root and a widget chapter
@@ -226,7 +228,7 @@ return imgs.join('|') + '#' + copy.textContent.replace(/\\s+/g, ' ');
 def _wait_for_widgets(driver, page):
     import time
 
-    if "application/vnd.jupyter.widget-state+json" not in driver.page_source:
+    if WIDGET_VIEW not in driver.page_source:
         return
     for _ in range(50):
         if driver.execute_script("return document.querySelectorAll('.jupyter-widgets').length"):

@@ -86,7 +86,9 @@ def test_more_shapes_of_the_same_defects(tmp_path):
     assert check(CLEAN.replace("</main>", cell("warnings.warn('UserWarning')", "ok") + "</main>"), tmp_path) == []
     # a path in a script that is not shown is no finding; in saved widget state (shown) it is
     state = '<script type="application/vnd.jupyter.widget-state+json">{"v": "/root/x"}</script>'
-    assert [f.check for f in check(CLEAN.replace("</main>", state + "</main>"), tmp_path)] == ["machine-path"]
+    view = '<script type="application/vnd.jupyter.widget-view+json">{"model_id": "m"}</script>'
+    assert [f.check for f in check(CLEAN.replace("</main>", state + view + "</main>"), tmp_path)] == ["machine-path"]
+    assert check(CLEAN.replace("</main>", state + "</main>"), tmp_path) == []  # state that no output shows
 
 
 def test_next_link_follows_the_themes_next_page_without_a_toc(tmp_path):

@@ -38,6 +38,7 @@ from tutorial_utils import paths
 
 #: the narrowest a video may be shown (CSS pixels): a rollout at 128 px is a thumbnail
 MIN_VIDEO_PX = 240
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 
 
@@ -56,8 +57,9 @@ class _Page(HTMLParser):
     in a cell's output, in ``<code>``/``<pre>``, or plain prose. Scripts and styles are skipped
     (but a saved widget state is kept: it is shown). Collects media and links on the way."""
 
-    def __init__(self):
+    def __init__(self, widget_state_shown: bool = True):
         super().__init__(convert_charrefs=True)
+        self.widget_state_shown = widget_state_shown
         self.stack: list[tuple[str, set[str]]] = []
         self.chunks: list[tuple[str, str]] = []  # (region, text)
         self.media: list[tuple[str, dict[str, str]]] = []
@@ -82,7 +84,7 @@ class _Page(HTMLParser):
     def handle_starttag(self, tag, attrs):
         a = {k: (v or "") for k, v in attrs}
         if tag in ("script", "style"):
-            if tag == "script" and a.get("type") == "application/vnd.jupyter.widget-state+json":
+            if self.widget_state_shown and a.get("type") == "application/vnd.jupyter.widget-state+json":
                 self.stack.append(("widget-state", {"output"}))
             else:
                 self._skip += 1
@@ -211,7 +213,7 @@ def check_page(
     where the page lies (for its images' and videos' files); ``toc_next``: the page the table of
     contents puts after it (a path relative to the site, e.g. ``notebooks/05_evaluation.html``);
     ``forbidden_paths``: this machine's folders (default :func:`machine_paths`)."""
-    p = _Page()
+    p = _Page(widget_state_shown=WIDGET_VIEW in text)  # saved widget state is shown only through a view
     p.feed(text)
     p.close()
     out: list[Finding] = []
