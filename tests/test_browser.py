@@ -157,6 +157,11 @@ def _check_page(page, server, driver, shot_prefix=""):
         "return [...document.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src);"
     )
     assert not bad_imgs, f"{page}: images that did not decode: {bad_imgs}"
+    small = driver.execute_script(
+        "return [...document.querySelectorAll('video')].filter(v => v.getBoundingClientRect().width < 240)"
+        ".map(v => Math.round(v.getBoundingClientRect().width));"
+    )
+    assert not small, f"{page}: videos too small to watch (px wide): {small}"
 
     if WIDGET_VIEW in driver.page_source:  # a page whose widget state no output shows has nothing to wait for
         driver.implicitly_wait(0)
