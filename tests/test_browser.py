@@ -29,6 +29,8 @@ pytestmark = pytest.mark.browser
 HTML = Path(os.environ.get("BOOK_ROOT") or REPO / "_build" / "html").resolve()
 SHOTS = REPO / "_build" / "screenshots"
 PAGES = [p.relative_to(REPO).with_suffix(".html").as_posix() for p in book.toc_files(REPO)]
+#: an output that shows a widget (myst-nb writes its view as a script of this type)
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
@@ -68,6 +70,19 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def driver():
     _need_book()
+    with _chrome() as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def bare_driver():
+    """A browser for pages a test writes itself (no built book needed)."""
+    with _chrome() as d:
+        yield d
+
+
+@contextlib.contextmanager
+def _chrome():
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -90,8 +105,10 @@ def driver():
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     d = webdriver.Chrome(service=Service(DRIVER), options=opts)
     d.set_page_load_timeout(60)
-    yield d
-    d.quit()
+    try:
+        yield d
+    finally:
+        d.quit()
 
 
 def _status(url: str) -> int:
@@ -140,8 +157,13 @@ def _check_page(page, server, driver, shot_prefix=""):
         "return [...document.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src);"
     )
     assert not bad_imgs, f"{page}: images that did not decode: {bad_imgs}"
+    small = driver.execute_script(
+        "return [...document.querySelectorAll('video')].filter(v => v.getBoundingClientRect().width < 240)"
+        ".map(v => Math.round(v.getBoundingClientRect().width));"
+    )
+    assert not small, f"{page}: videos too small to watch (px wide): {small}"
 
-    if "application/vnd.jupyter.widget-state+json" in driver.page_source:
+    if WIDGET_VIEW in driver.page_source:  # a page whose widget state no output shows has nothing to wait for
         driver.implicitly_wait(0)
         import time
 
@@ -178,7 +200,7 @@ def test_published_copy_serves_cleanly_and_offline(driver, tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert (dest / "index.html").is_file() and (dest / ".nojekyll").is_file()
-    widget_pages = [p for p in PAGES if "application/vnd.jupyter.widget-state+json" in (dest / p).read_text()]
+    widget_pages = [p for p in PAGES if WIDGET_VIEW in (dest / p).read_text()]
     assert widget_pages, "no published page carries saved widget state"
     with _serve(dest) as url:
         for page in dict.fromkeys([PAGES[0], widget_pages[0]]):  # the TOC's root and a widget chapter
@@ -188,3 +210,95 @@ def test_published_copy_serves_cleanly_and_offline(driver, tmp_path):
             foreign = [r for r in fetched if not r.startswith(url)]
             assert not foreign, f"{page}: the published copy fetched from outside itself: {foreign}"
         assert any("/embed-amd.js" in r for r in fetched), f"{page}: the widget manager was not loaded"
+
+
+#: the controls of the chapters' outputs (not the theme's own buttons), visible ones only
+_CONTROLS = """
+return [...document.querySelectorAll(
+  '.cell_output .noUi-handle, .cell_output input[type=range], .cell_output button, .cell_output select')]
+  .filter(e => e.offsetParent !== null);
+"""
+#: what the output around a control shows: its visible images and its text, minus the readouts
+#: that only echo the control's own value (a slider that moves its number but no frame is dead)
+_SHOWN = """
+const out = arguments[0].closest('.cell_output');
+const imgs = [...out.querySelectorAll('img')].filter(i => i.offsetParent !== null && i.getBoundingClientRect().width > 0)
+  .map(i => i.src.length + ':' + i.src.slice(-80));
+const copy = out.cloneNode(true);
+copy.querySelectorAll('.widget-readout, .widget-label, button, select, .noUi-target').forEach(e => e.remove());
+return imgs.join('|') + '#' + copy.textContent.replace(/\\s+/g, ' ');
+"""
+
+
+def _wait_for_widgets(driver, page):
+    import time
+
+    if WIDGET_VIEW not in driver.page_source:
+        return
+    for _ in range(50):
+        if driver.execute_script("return document.querySelectorAll('.jupyter-widgets').length"):
+            time.sleep(0.5)  # the rest of the page's widgets
+            return
+        time.sleep(0.2)
+    pytest.fail(f"{page}: saved widget state did not render")
+
+
+def _dead_controls(driver, url: str, page: str) -> list[str]:
+    """The controls of ``url`` that change nothing they belong to when used."""
+    import time
+
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(url)
+    _wait_for_widgets(driver, page)
+    dead = []
+    for control in driver.execute_script(_CONTROLS):
+        before = driver.execute_script(_SHOWN, control)
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", control)
+        tag = control.tag_name
+        if tag == "button":
+            control.click()
+        elif tag == "select":
+            driver.execute_script(
+                "arguments[0].selectedIndex = (arguments[0].selectedIndex + 1) % arguments[0].options.length;"
+                "arguments[0].dispatchEvent(new Event('change', {bubbles: true}))",
+                control,
+            )
+        else:  # a slider: its handle takes the arrow keys (noUiSlider, and <input type=range>)
+            control.click()
+            control.send_keys(Keys.ARROW_RIGHT)
+        time.sleep(0.5)
+        if driver.execute_script(_SHOWN, control) == before:
+            label = control.get_attribute("aria-valuetext") or control.text or control.get_attribute("class")
+            dead.append(f"<{tag}> {label!r}")
+    return dead
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_control_changes_what_it_shows_or_is_absent(page, server, driver):
+    """In the static book a slider or button either changes the figure or text it belongs to, or
+    is not there: a control that moves and changes nothing reads as broken."""
+    dead = _dead_controls(driver, server + page, page)
+    assert not dead, f"{page}: controls that change nothing in the static HTML: {dead}"
+
+
+def test_the_control_check_finds_a_dead_slider(bare_driver, tmp_path):
+    """The check above on two small pages: a slider that switches images passes, one that only
+    moves its own number is dead, and so is a button that does nothing."""
+    out = '<div class="cell_output">{}</div>'
+    live = out.format(
+        '<input type="range" min="0" max="1" value="0" '
+        "oninput=\"document.getElementById('a').hidden = this.value == 1; "
+        "document.getElementById('b').hidden = this.value == 0\">"
+        '<img id="a" width="20" height="20" src="data:image/gif;base64,R0lGODlhAQABAAAAACw="/>'
+        '<img id="b" width="30" height="20" hidden src="data:image/gif;base64,R0lGODlhAQABAIAAAP///wAAACw="/>'
+    )
+    dead = out.format('<input type="range" min="0" max="1" value="0"><button>Stop</button><p>a frame</p>')
+    (tmp_path / "live.html").write_text(f"<html><body>{live}</body></html>")
+    (tmp_path / "dead.html").write_text(f"<html><body>{dead}</body></html>")
+    with _serve(tmp_path) as url:
+        assert _dead_controls(bare_driver, url + "live.html", "live.html") == []
+        assert [d.split(" ")[0] for d in _dead_controls(bare_driver, url + "dead.html", "dead.html")] == [
+            "<input>",
+            "<button>",
+        ]

@@ -404,3 +404,23 @@ def _smolvla_error() -> PolicyUnavailable:
     with pytest.raises(PolicyUnavailable) as err:
         policies.make("smolvla", {"chunk_size": 10, "n_action_steps": 10})
     return err.value
+
+
+def test_read_only_arrays_become_tensors_without_a_warning():
+    """Decoded video frames come read-only; torch warns on them (a raw UserWarning on chapter 9)."""
+    import warnings
+
+    import torch
+
+    from tutorial_utils.policies.lerobot import _as_tensor
+
+    frames = np.arange(24, dtype=np.uint8).reshape(1, 2, 4, 3)
+    frames.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x = _as_tensor(frames)
+        flipped = _as_tensor(np.arange(6.0)[::-1], np.float32)
+    assert x.dtype == torch.uint8 and x.tolist() == frames.tolist()
+    assert flipped.tolist() == [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
+    same = torch.zeros(2)
+    assert _as_tensor(same) is same

@@ -194,6 +194,10 @@ def test_tail_lines_and_levels(tmp_path):
     assert M.line_level("[Exp: r] Step 3, Loss: {'total_loss': 0.2}") is None
     html = M.log_html(["ok", "RuntimeError: boom", "warning: slow <disk>"])
     assert html.count("font-weight:bold") == 1 and "&lt;disk&gt;" in html and M.ORANGE in html
+    from tutorial_utils import paths
+
+    saved = M.log_html([f"checkpoint saved at {paths.REPO}/runs/r1/checkpoints/step_7"])
+    assert "checkpoint saved at runs/r1/checkpoints/step_7" in saved and str(paths.REPO) not in saved
 
 
 # --- the live panel -------------------------------------------------------------------------------
@@ -209,7 +213,12 @@ def test_monitor_builds_on_a_finished_run_and_does_not_poll(finished_run, no_dra
         assert "CPU (process)" in mon.system.value and "Step 3, Loss" in mon.log.value
         assert mon.image.value[:4] == b"\x89PNG" and no_drawing == [5]  # drawn once: 3 loss + 2 validation rows
         assert mon.stop_button.disabled and mon.pause_button.disabled
-        assert "application/vnd.jupyter.widget-view+json" in mon._repr_mimebundle_()
+        bundle = mon._repr_mimebundle_()
+        assert "application/vnd.jupyter.widget-view+json" in bundle
+        # the static book shows the text/html copy: the panel's content, no button, the way to the live one
+        frozen = bundle["text/html"]
+        assert "step 3/3" in frozen and "data:image/png;base64," in frozen and "make lab" in frozen
+        assert "<button" not in frozen and "Stop" in frozen  # named only in the sentence about JupyterLab
     finally:
         mon.close()
     assert mon.closed

@@ -100,6 +100,7 @@ def test_for_book_makes_this_machines_paths_portable(tmp_path, monkeypatch):
     from tutorial_utils import paths
 
     repo = tmp_path / "repo"
+    monkeypatch.setenv("HOME", "/home/reader")
     monkeypatch.setattr(paths, "REPO", repo)
     monkeypatch.setattr(paths, "RUNS", repo / "runs")
     monkeypatch.setattr(paths, "DATA", tmp_path / "disk" / "data")  # TUTORIAL_DATA_DIR outside the repo
@@ -107,17 +108,39 @@ def test_for_book_makes_this_machines_paths_portable(tmp_path, monkeypatch):
         {
             "ckpt": f"{repo}/runs/r1/checkpoints/best",
             "n": 3,
-            "cmd": ["--data", f"{tmp_path}/disk/data/ds", "--home", "/root/.cache/x"],
+            "cmd": ["--data", f"{tmp_path}/disk/data/ds", "--home", "/home/reader/.cache/x"],
             "line": f"loading {repo}/runs/r1/final_model at step 3",
+            "cd": f"cd {repo} && make",
         }
     )
     assert got == {
         "ckpt": "runs/r1/checkpoints/best",
         "n": 3,
-        "cmd": ["--data", "$TUTORIAL_DATA_DIR/ds", "--home", "/root/.cache/x"],
+        "cmd": ["--data", "$TUTORIAL_DATA_DIR/ds", "--home", "~/.cache/x"],
         "line": "loading runs/r1/final_model at step 3",
+        "cd": "cd . && make",
     }
-    assert paths.for_book(f"{repo}other/x") == f"{repo}other/x"  # a sibling folder is not the repository
+    assert paths.for_book(f"{repo}other/x").endswith("/repoother/x")  # a sibling folder is not the repository
+
+
+def test_for_book_writes_the_cache_temp_and_home_folders_as_names(monkeypatch, tmp_path):
+    import tempfile
+
+    from tutorial_utils import paths
+
+    monkeypatch.setenv("HOME", "/home/reader")
+    monkeypatch.setenv("HF_HOME", "/home/reader/.cache/huggingface")
+    monkeypatch.setattr(tempfile, "tempdir", "/scratch/tmp")
+    line = (
+        "models /home/reader/.cache/huggingface: 75 GB free; at /scratch/tmp/gpu-path-1q/datasets; "
+        "see /home/reader/notes.txt, not /home/readers or /scratch/tmpfoo"
+    )
+    assert paths.for_book(line) == (
+        "models $HF_HOME: 75 GB free; at $TMPDIR/gpu-path-1q/datasets; see ~/notes.txt, not /home/readers "
+        "or /scratch/tmpfoo"
+    )
+    assert str(paths.from_book("$TMPDIR/gpu-path-1q")) == "/scratch/tmp/gpu-path-1q"
+    assert str(paths.from_book("~/notes.txt")) == "/home/reader/notes.txt"
 
 
 def test_promoted_files_carry_no_path_of_this_machine(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 
 from tutorial_utils.data.format import LeRobotDataset
 from tutorial_utils.data.synth import generate_dataset
-from tutorial_utils.report import plots
+from tutorial_utils.report import page, plots
 
 
 @pytest.fixture(scope="module")
@@ -50,3 +50,67 @@ def test_stats_and_timings_figures():
     assert len(plots.stats_figure(stats, ["a"]).get_axes()) == 1
     fig = plots.timings_figure({"cold": 0.5, "warm": 0.001})
     assert fig.get_axes()[0].get_xscale() == "log"
+
+
+def _shown(monkeypatch):
+    import IPython.display
+
+    got = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: got.extend(objs))
+    return got
+
+
+def test_show_displays_a_figure_built_without_pyplot_as_an_image(monkeypatch):
+    from matplotlib.figure import Figure
+
+    got = _shown(monkeypatch)
+    fig = Figure(figsize=(13, 3.8))
+    fig.subplots().plot([0, 1], label="a")
+    assert page.show(fig) is None  # a cell ending in show() prints no repr
+    (img,) = got
+    assert img.data.startswith(b"\x89PNG") and img.width == page.PAGE_PX  # wider than the page: page wide
+
+
+def test_show_closes_a_pyplot_figure_so_it_is_not_shown_twice(monkeypatch):
+    import matplotlib.pyplot as plt
+
+    got = _shown(monkeypatch)
+    fig, ax = plt.subplots(figsize=(4, 3))
+    page.show(ax)  # an Axes is shown as its figure
+    assert len(got) == 1 and got[0].width == 400
+    assert fig.number not in plt.get_fignums()
+    with pytest.raises(TypeError, match="matplotlib Figure"):
+        page.show("not a figure")
+
+
+def test_readable_enlarges_text_that_would_be_tiny_at_page_width():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 3.8))
+    ax = fig.subplots()
+    ax.plot([0, 1], label="a curve")
+    ax.legend(fontsize=5)
+    ax.set_title("a title", fontsize=20)
+    page.readable(fig)
+    px_per_pt = page.PAGE_PX / (13 * 72)
+    legend = ax.get_legend().get_texts()[0]
+    assert legend.get_fontsize() * px_per_pt >= page.MIN_TEXT_PX - 1e-6  # 5 pt would be ~4 px
+    assert ax.title.get_fontsize() == 20  # large text stays as it is
+
+
+def test_numbers_are_rounded_for_reading():
+    assert [page.number(x) for x in (160.0, 23.540298, 130.6, 136.555556, 0.052598, 12345.6, 10000.0, 3)] == [
+        "160", "23.54", "130.6", "136.6", "0.0526", "12,346", "10,000", "3",
+    ]  # fmt: skip
+    assert [page.number(x) for x in (2e-7, float("nan"), True, "text", -1.172421)] == [
+        "2.00e-07", "nan", "True", "text", "-1.172",
+    ]  # fmt: skip
+
+
+def test_setup_makes_pandas_print_readable_numbers():
+    import pandas as pd
+
+    with pd.option_context("display.float_format", None):
+        page.setup()
+        html = pd.DataFrame({"seconds": [130.600000, 160.0]})._repr_html_()
+        assert "130.6<" in html and "160<" in html and "130.600000" not in html

@@ -249,3 +249,22 @@ def test_schema_report_against_ipec(tmp_path):
     assert (tmp_path / "assets" / clip["primary"]).stat().st_size > 0
     with pytest.raises(rec.RecordError, match="episode 5 does not exist"):
         P.recording_episode(root, 5, assets_dir=tmp_path / "assets")
+
+
+def test_the_card_counts_the_tasks_recorded_not_the_letters_of_all(tmp_path, monkeypatch):
+    """Chapter 4 reads ``len(card["config"]["task_ids"])``: "all" once made it say 3 tasks."""
+    from tutorial_utils.sim import libero_env
+
+    root = tmp_path / "ds"
+    rec.record(root, cfg(task_ids="0-1", episodes_per_task=1), episode_fn=fake_item, progress=False, log=None)
+    card = P.dataset_card(root, out=tmp_path / "card.json")
+    assert card["config"]["task_ids"] == [0, 1]
+    # a manifest written before the recorder resolved them says "all": the card resolves it
+    man = json.loads((root / rec.MANIFEST).read_text())
+    man["config"]["task_ids"] = "all"
+    (root / rec.MANIFEST).write_text(json.dumps(man))
+    monkeypatch.setattr(libero_env, "num_tasks", lambda suite: 10)
+    assert P.dataset_card(root, out=tmp_path / "card.json")["config"]["task_ids"] == list(range(10))
+    # without LIBERO: the tasks the manifest saw
+    monkeypatch.setattr(libero_env, "num_tasks", lambda suite: (_ for _ in ()).throw(ImportError("no libero")))
+    assert P.dataset_card(root, out=tmp_path / "card.json")["config"]["task_ids"] == [0, 1]

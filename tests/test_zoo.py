@@ -196,3 +196,8 @@ def test_ladder_lines_up_one_family_under_several_budgets():
     lo, hi = z["rows"][0]["ci95_low"], z["rows"][0]["ci95_high"]
     assert df.loc["a", "ci95"] == f"[{100 * lo:.0f}%, {100 * hi:.0f}%]"
     zoo.ladder_figure(rows)
+    # the result comes first: a table wider than the page scrolls and cuts off its last columns
+    assert list(df.columns[:3]) == ["family", "success", "ci95"]
+    assert list(zoo.table(z).columns[:2]) == ["success", "ci95"]
+    head = zoo.text(z).splitlines()[1]
+    assert head.split()[:2] == ["success", "ci95"]

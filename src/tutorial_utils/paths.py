@@ -21,16 +21,43 @@ JOBS = NOTEBOOKS / "jobs"
 BUILD = REPO / "_build"
 
 
+def _elsewhere() -> list[tuple[str, str]]:
+    """This machine's other folders a page may name, most specific first: the Hugging Face cache,
+    the temporary folder, the home directory."""
+    import tempfile
+
+    home = os.path.expanduser("~")
+    hf = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or f"{home}/.cache", "huggingface")
+    tmp = {tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir())}
+    out = [(hf, "$HF_HOME")] + [(t, "$TMPDIR") for t in sorted(tmp, key=len, reverse=True)]
+    return [(p.rstrip(os.sep), name) for p, name in out if p and p != os.sep] + (
+        [(home, "~")] if home != os.sep else []
+    )
+
+
+def _replace_folder(text: str, folder: str, name: str) -> str:
+    """``folder`` -> ``name`` where it is a whole path component (``/tmp`` in ``/tmp/x``, not ``/tmpfoo``)."""
+    import re
+
+    return re.sub(re.escape(folder) + r"(?=/|\\|$|[\s'\"),:;\]])", lambda _: name, text)
+
+
 def for_book(value):
     """``value`` (a string, or JSON-like dicts and lists of them) with this machine's locations
-    made portable, for logs and results promoted into the book: paths under the repository
-    become relative (``runs/...``, ``data/...``), and a runs or data folder moved outside it
-    (``TUTORIAL_RUNS_DIR``, ``TUTORIAL_DATA_DIR``) is written as ``$TUTORIAL_RUNS_DIR/...``."""
+    made portable, for logs and results promoted into the book and for what a page prints: paths
+    under the repository become relative (``runs/...``, ``data/...``), a runs or data folder moved
+    outside it (``TUTORIAL_RUNS_DIR``, ``TUTORIAL_DATA_DIR``) is written as
+    ``$TUTORIAL_RUNS_DIR/...``, and the Hugging Face cache, the temporary folder and the home
+    directory as ``$HF_HOME``, ``$TMPDIR`` and ``~``."""
     if isinstance(value, str):
         for base, name in ((RUNS, "$TUTORIAL_RUNS_DIR"), (DATA, "$TUTORIAL_DATA_DIR")):
             if not base.is_relative_to(REPO):
-                value = value.replace(f"{base}{os.sep}", f"{name}/")
-        return value.replace(f"{REPO}{os.sep}", "")
+                value = _replace_folder(value, os.fspath(base), name)
+        value = value.replace(f"{REPO}{os.sep}", "")
+        value = _replace_folder(value, os.fspath(REPO), ".")
+        for folder, name in _elsewhere():
+            value = _replace_folder(value, folder, name)
+        return value
     if isinstance(value, dict):
         return {k: for_book(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -45,5 +72,8 @@ def from_book(path: str | os.PathLike) -> Path:
     for base, name in ((RUNS, "$TUTORIAL_RUNS_DIR/"), (DATA, "$TUTORIAL_DATA_DIR/")):
         if text.startswith(name):
             return base / text[len(name) :]
+    for folder, name in _elsewhere():
+        if text == name or text.startswith(name + "/"):
+            return Path(folder + text[len(name) :])
     p = Path(text)
     return p if p.is_absolute() else REPO / p

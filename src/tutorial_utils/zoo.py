@@ -887,8 +887,17 @@ def run_smolvla_smoke(
         "--batch-size",
         str(batch_size),
     ]
-    print(f"[smolvla] in the SmolVLA environment (PYTHONPATH={smolvla.ENV_DIR.name}): {run_dir}", flush=True)
-    rc = subprocess.call(cmd, env=env)
+    print(
+        f"[smolvla] in the SmolVLA environment (PYTHONPATH={smolvla.ENV_DIR.name}): {paths.for_book(str(run_dir))}",
+        flush=True,
+    )
+    # its output passes through here, with this machine's folders written portably (a page shows it)
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        for line in proc.stdout:
+            print(paths.for_book(line), end="", flush=True)
+    rc = proc.returncode
     if rc != 0 or not (run_dir / SMOLVLA_FILE).is_file():
         raise PolicyUnavailable(f"the SmolVLA smoke test failed (exit status {rc}); its output is above")
     return json.loads((run_dir / SMOLVLA_FILE).read_text())
@@ -925,15 +934,16 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
+#: the result first: a table wider than the page scrolls, and what it cuts off is the rest
 TABLE_COLUMNS = (
     "family",
+    "success",
+    "ci95",
     "params_m",
     "steps",
     "train_min",
     "samples_per_s",
     "best_val_action_mae",
-    "success",
-    "ci95",
     "round_trip_ms_p50",
     "server_infer_ms_p50",
 )
@@ -1085,6 +1095,7 @@ def ladder(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
             {
                 "rung": label,
                 "family": r["family"],
+                **_success_text(r),  # the result first: a table wider than the page scrolls
                 "demos": d.get("episodes"),
                 "per task": per_task,
                 "init states": f"{d['init_states'][0]}-{d['init_states'][1]}" if d.get("init_states") else None,
@@ -1096,7 +1107,6 @@ def ladder(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
                 if r.get("best_val_action_mae") is not None
                 else None,
                 "replan": cfg.get("replan_steps") or "chunk",
-                **_success_text(r),
             }
         )
     return pd.DataFrame(out).set_index("rung")

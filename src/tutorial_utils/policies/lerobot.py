@@ -178,6 +178,17 @@ def _crop_shape(cfg: Any) -> tuple[int, int] | None:
     return (side, side)
 
 
+def _as_tensor(value, dtype=None):
+    """``value`` as a torch tensor. A read-only NumPy array (a decoded video frame, a memory-mapped
+    column) is copied first: torch cannot share it and warns (a UserWarning on the page)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    arr = np.asarray(value, dtype=dtype)
+    if not arr.flags.writeable or any(step < 0 for step in arr.strides):
+        arr = arr.copy()
+    return torch.as_tensor(arr)
+
+
 @dataclass
 class DiffusionConfig:
     """Diffusion Policy: a ResNet + spatial-softmax encoder conditioning a 1-D UNet that denoises a chunk."""
@@ -541,7 +552,7 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
                 raise ObservationError(
                     f"the batch has no {cam}; {self.name} reads the cameras {', '.join(self.cameras)}"
                 )
-            x = torch.as_tensor(np.asarray(batch[cam]) if not isinstance(batch[cam], torch.Tensor) else batch[cam])
+            x = _as_tensor(batch[cam])
             if x.dtype == torch.uint8:
                 x = x.permute(0, 3, 1, 2).float() / 255.0  # uint8 (B, H, W, 3) -> float (B, 3, H, W) in [0, 1]
             elif x.ndim == 4 and x.shape[1] != 3 and x.shape[-1] == 3:
@@ -552,12 +563,12 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
                     f"model was built for (3, {s}, {s}) (image_size={s}). Resize the cameras to {s}x{s}."
                 )
             out[self.lerobot_key(cam)] = x.float()
-        state = torch.as_tensor(np.asarray(batch[BATCH_STATE], dtype=np.float32))
+        state = _as_tensor(batch[BATCH_STATE], np.float32)
         if state.ndim != 2 or state.shape[1] != STATE_DIM:
             raise ObservationError(f"feature {BATCH_STATE}: expected (B, {STATE_DIM}), got {tuple(state.shape)}")
         out[BATCH_STATE] = state
         if with_action:
-            out[BATCH_ACTION] = torch.as_tensor(np.asarray(batch[BATCH_ACTION], dtype=np.float32))
+            out[BATCH_ACTION] = _as_tensor(batch[BATCH_ACTION], np.float32)
             pad = batch.get(BATCH_ACTION_IS_PAD)
             out[BATCH_ACTION_IS_PAD] = (
                 torch.as_tensor(np.asarray(pad, dtype=bool))

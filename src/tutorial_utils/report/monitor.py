@@ -33,7 +33,6 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import html
-import io
 import json
 import os
 import re
@@ -48,6 +47,8 @@ from tutorial_utils.data.libero_schema import LIBERO_ACTION_NAMES
 from tutorial_utils.errors import TutorialError
 from tutorial_utils.io import human_bytes, read_json_or_empty
 from tutorial_utils.jobs import STATUS_FILE as STATUS
+from tutorial_utils.paths import for_book
+from tutorial_utils.report.page import figure_png, readable
 from tutorial_utils.train.checkpoints import METRICS_FILE as METRICS
 from tutorial_utils.train.loop import LOG_FILE as LOG
 from tutorial_utils.train.loop import SAMPLES_DIR as SAMPLES
@@ -332,10 +333,11 @@ def system_html(view: RunView) -> str:
 
 
 def log_html(lines: list[str]) -> str:
-    """Log lines in a ``<pre>``, errors in red and warnings in orange."""
+    """Log lines in a ``<pre>``, errors in red and warnings in orange; this machine's folders
+    written portably (``runs/...``, ``$TMPDIR/...``: :func:`tutorial_utils.paths.for_book`)."""
     out = []
     for line in lines:
-        text = html.escape(line)
+        text = html.escape(for_book(line))
         level = line_level(line)
         if level == "error":
             text = f'<span style="color:{RED};font-weight:bold">{text}</span>'
@@ -364,7 +366,7 @@ def health_html(diagnosis: Any) -> str:
         color = RED if f.severity == "error" else ORANGE
         items.append(
             f'<li><b style="color:{color}">{html.escape(f.severity)} {html.escape(f.code)}</b>: '
-            f"{html.escape(f.message)} <i>Fix: {html.escape(f.fix)}</i></li>"
+            f"{html.escape(for_book(f.message))} <i>Fix: {html.escape(for_book(f.fix))}</i></li>"
         )
     return '<div style="font-size:90%">health:<ul style="margin:0">' + "".join(items) + "</ul></div>"
 
@@ -526,13 +528,6 @@ def sample_axes(ax, sample: dict | None) -> None:
     ax.tick_params(labelsize=7)
 
 
-def figure_png(fig, dpi: int = 80) -> bytes:
-    """A Figure (pyplot's or not) as PNG bytes."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
-
-
 # --- static, for the book -------------------------------------------------------------------------
 
 
@@ -549,7 +544,7 @@ class StaticPanel:
     def png(self) -> bytes:
         """The figure as PNG (drawn once)."""
         if self._png is None:
-            self._png = figure_png(self.figure, dpi=100)
+            self._png = figure_png(readable(self.figure), dpi=100)  # its text readable at the page's width
         return self._png
 
     def _repr_html_(self) -> str:
@@ -644,7 +639,24 @@ class RunMonitor:
     # --- display ---------------------------------------------------------------------------------
 
     def _repr_mimebundle_(self, **kwargs):
-        return self.panel._repr_mimebundle_(**kwargs)
+        """The live widget, and for a page without a kernel (the HTML book prefers ``text/html``,
+        see ``_config.yml``) a frozen copy without the buttons: there they would do nothing."""
+        bundle = self.panel._repr_mimebundle_(**kwargs)
+        return {**bundle, "text/html": self.frozen_html()}
+
+    def frozen_html(self) -> str:
+        """The panel as it is now, as plain HTML with no controls, and where to get the live one."""
+        png = base64.b64encode(self.image.value).decode() if self.image.value else ""
+        return (
+            '<div class="monitor-frozen"><p><em>The live panel as it was when this cell ran. In JupyterLab '
+            "(<code>make lab</code>) it follows the run and its Stop and Pause buttons work.</em></p>"
+            + self.header.value
+            + self.health.value
+            + (f'<img style="max-width:100%" src="data:image/png;base64,{png}"/>' if png else "")
+            + self.system.value
+            + self.log.value
+            + "</div>"
+        )
 
     @property
     def closed(self) -> bool:

@@ -111,6 +111,25 @@ def schema_report(dataset_root: str | os.PathLike, reference_size: int = 256) ->
     }
 
 
+def _resolved_config(config: dict | None, per_task: dict[str, dict]) -> dict | None:
+    """The recording's config with ``task_ids`` as the list of tasks it recorded: a manifest
+    written before the recorder resolved them holds what was asked (``"all"``, ``"0-4"``), and
+    ``len("all")`` is not a number of tasks. Without LIBERO here, the tasks the manifest saw."""
+    import dataclasses
+
+    from tutorial_utils.errors import TutorialError
+    from tutorial_utils.sim.record import RecordConfig
+
+    if not config or isinstance(config.get("task_ids"), list):
+        return config
+    known = {f.name for f in dataclasses.fields(RecordConfig)}
+    try:
+        ids = list(RecordConfig(**{k: v for k, v in config.items() if k in known}).task_list)
+    except (ImportError, OSError, TutorialError, ValueError):
+        ids = sorted(int(t) for t in per_task)
+    return {**config, "task_ids": ids}
+
+
 def dataset_card(
     dataset_root: str | os.PathLike, out: str | os.PathLike | None = None, wall_s: float | None = None
 ) -> dict:
@@ -139,7 +158,7 @@ def dataset_card(
         "total_tasks": info.get("total_tasks"),
         "features": {k: {"dtype": v["dtype"], "shape": v["shape"]} for k, v in info["features"].items()},
         "identity": man.get("identity"),
-        "config": man.get("config"),
+        "config": _resolved_config(man.get("config"), per_task),
         "summary": man.get("summary"),
         "per_task": per_task,
         "schema": schema_report(root),

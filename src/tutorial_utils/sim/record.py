@@ -299,7 +299,8 @@ def record(
     committed = writer.num_episodes
     man = man or {"identity": cfg.identity(), "episodes": [], "failed": []}
     man["identity"] = cfg.identity()
-    man["config"] = dataclasses.asdict(cfg)
+    # the tasks as recorded, not as asked ("all", "0-4"): a reader of the card counts them
+    man["config"] = {**dataclasses.asdict(cfg), "task_ids": list(cfg.task_list)}
     man["episodes"] = [e for e in man.get("episodes", []) if e["episode_index"] < committed]
     if len(man["episodes"]) != committed:
         raise RecordError(

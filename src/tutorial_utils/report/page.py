@@ -1,0 +1,94 @@
+"""What a chapter's output looks like on the page: figures, numbers and tables a reader can read.
+
+- :func:`show`: display a figure however it was built (pyplot or a bare ``Figure``), with its
+  small text enlarged to be readable at the page's width;
+- :func:`number`: a float written for reading (``23.54``, ``130.6``, ``160``, ``0.0526``);
+- :func:`setup`: the chapters' pandas tables print their floats with :func:`number`.
+
+matplotlib, pandas and IPython are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: the text column of the HTML book, in CSS pixels: a wider figure is shown scaled down to it
+PAGE_PX = 700
+#: the smallest text a shown figure may have, in CSS pixels at :data:`PAGE_PX`
+MIN_TEXT_PX = 9.0
+
+
+def readable(fig, page_px: int = PAGE_PX, min_text_px: float = MIN_TEXT_PX):
+    """Enlarge every text of ``fig`` (titles, labels, ticks, legends, annotations) that would be
+    smaller than ``min_text_px`` once the figure is scaled to ``page_px`` wide. Returns ``fig``."""
+    from matplotlib.text import Text
+
+    width_in = fig.get_figwidth()
+    px_per_pt = min(page_px, width_in * 100) / (width_in * 72)  # shown at 100 dpi, at most page wide
+    smallest_pt = min_text_px / px_per_pt
+    for text in fig.findobj(Text):
+        if text.get_text() and text.get_fontsize() < smallest_pt:
+            text.set_fontsize(smallest_pt)
+    return fig
+
+
+def figure_png(fig, dpi: int = 80) -> bytes:
+    """A Figure (pyplot's or not) as PNG bytes."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def show(fig, dpi: int = 100, page_px: int = PAGE_PX) -> None:
+    """Show a figure in the notebook (and so on the book's page) however it was built: a
+    ``matplotlib.figure.Figure`` made without pyplot (which IPython would print as ``<Figure size
+    ...>``), a pyplot figure (closed after, so it is not shown twice), or anything with a
+    ``figure`` attribute (an Axes). Small text is enlarged first (:func:`readable`); a figure wider
+    than the page is shown at the page's width."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Image, display
+    from matplotlib._pylab_helpers import Gcf
+
+    fig = getattr(fig, "figure", fig)
+    if not hasattr(fig, "savefig"):
+        raise TypeError(f"show() takes a matplotlib Figure (or an Axes), not {type(fig).__name__}")
+    png = figure_png(readable(fig, page_px), dpi=dpi)
+    width = min(page_px, round(fig.get_figwidth() * dpi))
+    display(Image(data=png, format="png", width=width))
+    if any(m.canvas.figure is fig for m in Gcf.get_all_fig_managers()):  # pyplot's: not shown twice
+        plt.close(fig)
+
+
+def number(x) -> str:
+    """``x`` rounded for reading: whole numbers without a decimal point, three or four significant
+    digits otherwise, thousands grouped (``160.0`` -> ``160``, ``23.540298`` -> ``23.54``,
+    ``130.6`` -> ``130.6``, ``0.052598`` -> ``0.0526``, ``12345.6`` -> ``12,346``)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) and not hasattr(x, "__float__"):
+        return str(x)
+    x = float(x)
+    if not math.isfinite(x):
+        return str(x)
+    if x == int(x) and abs(x) < 1e15:
+        return f"{int(x):,}" if abs(x) >= 10_000 else str(int(x))
+    a = abs(x)
+    if a >= 1000:
+        return f"{x:,.0f}"
+    if a >= 100:
+        return f"{x:.1f}"
+    if a >= 1:
+        return f"{x:.4g}"
+    if a >= 1e-4:
+        return f"{x:.3g}"
+    return f"{x:.2e}"
+
+
+def setup() -> None:
+    """The chapters' display settings: pandas prints floats with :func:`number`."""
+    import pandas as pd
+
+    pd.set_option("display.float_format", number)
+
+
+__all__ = ["PAGE_PX", "MIN_TEXT_PX", "figure_png", "readable", "show", "number", "setup"]
