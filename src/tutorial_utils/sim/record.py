@@ -80,17 +80,21 @@ class RecordConfig:
         ]
 
 
-def default_output_dir(suite: str, image_size: int) -> Path:
-    """``data/<suite>_no_noops_expert_<size>_lerobot``: the book's own recording."""
+def default_output_dir(suite: str, image_size: int, init_state_offset: int = 0) -> Path:
+    """``data/<suite>_no_noops_expert_<size>_lerobot``: the book's own recording;
+    ``..._<size>_init<N>_lerobot`` when it starts at init state ``N`` (the main job records from
+    init state 10 so that the evaluation's starts 0, 1, ... are held out). Two recordings from
+    different init states never share a folder (resuming would mix them)."""
     from tutorial_utils import paths
 
-    return paths.DATA / f"{suite}_no_noops_expert_{int(image_size)}_lerobot"
+    offset = f"_init{int(init_state_offset)}" if int(init_state_offset) else ""
+    return paths.DATA / f"{suite}_no_noops_expert_{int(image_size)}{offset}_lerobot"
 
 
-def resolve_output_dir(output_dir: str, run_dir, suite: str, image_size: int) -> Path:
+def resolve_output_dir(output_dir: str, run_dir, suite: str, image_size: int, init_state_offset: int = 0) -> Path:
     """The job's ``output_dir``: ``""`` -> :func:`default_output_dir`, ``"run"`` -> ``<run_dir>/dataset``."""
     if not output_dir:
-        return default_output_dir(suite, image_size)
+        return default_output_dir(suite, image_size, init_state_offset)
     if output_dir == "run":
         return Path(run_dir) / "dataset"
     return Path(output_dir)
@@ -387,7 +391,7 @@ def run_job(run_dir: str | os.PathLike, **overrides: Any) -> dict:
     from tutorial_utils.data.format import LeRobotDataset
 
     cfg = params.from_mapping(RecordConfig, overrides, "`python -m tutorial_utils record --list-params`")
-    out = resolve_output_dir(cfg.output_dir, run_dir, cfg.suite, cfg.image_size)
+    out = resolve_output_dir(cfg.output_dir, run_dir, cfg.suite, cfg.image_size, cfg.init_state_offset)
     print(
         f"run directory: {run_dir}\noutput: {out}\n{len(cfg.items())} episodes to record: tasks {list(cfg.task_list)}, "
         f"init states {cfg.init_state_offset}..{cfg.init_state_offset + cfg.episodes_per_task - 1}, "
@@ -422,6 +426,6 @@ def main(argv: list[str]) -> int:
         "Record LIBERO demonstrations with the scripted expert into a LeRobot v2.1 dataset.",
     )
     if cfg is not None:
-        out = resolve_output_dir(cfg.output_dir, Path.cwd(), cfg.suite, cfg.image_size)
+        out = resolve_output_dir(cfg.output_dir, Path.cwd(), cfg.suite, cfg.image_size, cfg.init_state_offset)
         print(json.dumps(record(out, cfg, workers=cfg.workers)))
     return 0
