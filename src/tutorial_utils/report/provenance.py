@@ -77,6 +77,13 @@ def find(name: str | os.PathLike) -> Path:
     )
 
 
+def resolve(name: str | os.PathLike) -> Path:
+    """A page parameter naming results: a promoted ``logs/...`` or ``assets/...`` file through
+    :func:`find` (this build's copy first), anything else (a run directory) as a repository path."""
+    text = os.fspath(name).strip()
+    return find(text) if text.split("/", 1)[0] in _KINDS else paths.from_book(text)
+
+
 def find_optional(name: str | os.PathLike) -> Path | None:
     """:func:`find`, or None when neither copy has the file."""
     try:
