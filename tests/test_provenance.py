@@ -144,3 +144,33 @@ def test_promote_reference_copies_this_builds_files_over_the_shipped_ones(copies
     assert json.loads((copies / "logs" / "record_dataset.json").read_text())["total_episodes"] == 1
     assert (copies / "assets" / "record_episode_primary.mp4").is_file()
     assert "logs/record_dataset.json" in json.loads((copies / "logs" / "promoted.json").read_text())["files"]
+
+
+def test_every_shipped_file_has_a_known_producer_and_the_artifacts_page_lists_zoo_and_sweep():
+    from tutorial_utils.report import summary
+
+    text, read = summary.artifacts_md()
+    assert "unknown" not in text, [line for line in text.splitlines() if "unknown" in line]
+    for name in ("logs/zoo_cpu.json", "logs/sweep_cpu.json", "logs/record_dataset.json", "logs/eval_mini_results.json"):
+        assert f"`{name}`" in text
+    assert summary.producer("logs/zoo_gpu.json") and summary.producer("logs/something_new.txt") is None
+
+
+def test_the_results_summary_is_rendered_from_the_promoted_files(copies):
+    from tutorial_utils.report import summary
+
+    results = {"total_episodes": 20, "total_successes": 14, "wall_s": 600, "tasks": [], "config": {}}
+    (copies / "logs" / "eval_mini_results.json").write_text(json.dumps(results))
+    text, read = summary.results_summary_md()
+    assert "14/20 = 70% (95% interval 48% to 85%)" in text and "10 min" in text
+    assert read == [copies / "logs" / "eval_mini_results.json"]
+
+
+def test_every_fact_links_to_a_reference_the_book_cites():
+    from tutorial_utils import facts
+
+    refs = (REPO / "book" / "references.md").read_text()
+    for name in facts.FACTS:
+        label, url = facts.REFERENCES[facts.reference(name)]
+        assert url in refs, f"{name}: its source {url} is not on the references page"
+        assert "FACTS.md" not in facts.source_text(name) and "seeds/" not in facts.source_text(name)
