@@ -56,8 +56,9 @@ def test_command_binds_localhost_with_jupytext_and_this_venvs_python(tmp_path):
     assert "--ServerApp.port_retries=0" in cmd, "the port must not move away from the tunnelled one"
     assert f"--ServerApp.root_dir={tmp_path}" in cmd and "--no-browser" in cmd
     assert f"--ServerApp.contents_manager_class={lab.CONTENTS_MANAGER}" in cmd
-    from tutorial_utils.report import lab_contents  # importable by the server, a jupytext contents manager
     import jupytext
+
+    from tutorial_utils.report import lab_contents  # importable by the server, a jupytext contents manager
 
     assert issubclass(lab_contents.BookContentsManager, jupytext.AsyncTextFileContentsManager)
     assert f"--LabApp.app_settings_dir={tmp_path / 'settings'}" in cmd
