@@ -55,7 +55,12 @@ def test_command_binds_localhost_with_jupytext_and_this_venvs_python(tmp_path):
     assert "--ServerApp.ip=127.0.0.1" in cmd and "--ServerApp.port=8899" in cmd
     assert "--ServerApp.port_retries=0" in cmd, "the port must not move away from the tunnelled one"
     assert f"--ServerApp.root_dir={tmp_path}" in cmd and "--no-browser" in cmd
-    assert "--ServerApp.contents_manager_class=jupytext.AsyncTextFileContentsManager" in cmd
+    assert f"--ServerApp.contents_manager_class={lab.CONTENTS_MANAGER}" in cmd
+    import jupytext
+
+    from tutorial_utils.report import lab_contents  # importable by the server, a jupytext contents manager
+
+    assert issubclass(lab_contents.BookContentsManager, jupytext.AsyncTextFileContentsManager)
     assert f"--LabApp.app_settings_dir={tmp_path / 'settings'}" in cmd
 
     # the server runs on this Python, and the notebooks' `python3` kernel is launched with it
@@ -463,3 +468,37 @@ def test_lab_runs_the_episode_browser_chapter_and_the_slider_changes_the_frame(l
     assert sources(md) == sources(WIDGET_CHAPTER), "saving from JupyterLab changed the chapter's cells"
     assert any(c.get("outputs") for c in jupytext.read(twin).cells), "the .ipynb twin has no outputs"
     assert lab.read_token(token_file) not in log.read_text(errors="replace"), "the server log shows the token"
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_opening_a_chapter_renders_its_myst_and_leaves_it_unmodified(lab_server):
+    """A reader who only opens a chapter sees its MyST rendered (jupyterlab-myst: the admonition
+    at the top is a box, not ``:::`` text) and no unsaved-changes mark once the kernel is up."""
+    if not lab.myst_renderer():
+        pytest.skip("jupyterlab-myst is not installed (requirements.txt lists it): MyST shows as plain text")
+    port, root, token_file, log = lab_server
+    driver = _chrome()
+    try:
+        driver.get(f"http://127.0.0.1:{port}/lab/tree/{WIDGET_CHAPTER.name}?token={lab.read_token(token_file)}")
+        _wait(driver, "return document.querySelector('.jp-NotebookPanel .jp-Notebook .jp-Cell')", what="the notebook")
+        _wait(
+            driver,
+            "const k = document.querySelector('.jp-NotebookPanel-toolbar .jp-KernelName'); "
+            "return k && !/No Kernel|Kernel$/.test(k.textContent) && k.textContent",
+            what="the kernel",
+        )
+        time.sleep(3)  # the kernel's info reply, the first render of every cell
+        first = driver.execute_script(
+            "const c = document.querySelector('.jp-MarkdownCell'); return c ? c.innerText : ''"
+        )
+        assert "What you will learn" in first and ":::" not in first, first[:300]
+        dirty = driver.execute_script(
+            "return [...document.querySelectorAll('.lm-TabBar-tab.jp-mod-dirty, .jp-Document.jp-mod-dirty')].length"
+        )
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(os.fspath(SHOTS / f"lab__{WIDGET_CHAPTER.stem}__opened_unmodified.png"))
+        assert dirty == 0, "opening the chapter marked it modified"
+    finally:
+        driver.quit()

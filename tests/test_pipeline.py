@@ -158,16 +158,13 @@ def test_promoted_files_carry_no_path_of_this_machine(tmp_path, monkeypatch):
     assert "Saved checkpoint to runs/r1/checkpoints/step_2" in out["train.log"].read_text()
 
 
-def test_promote_puts_the_recording_card_and_its_first_episode_in_logs_and_assets(tmp_path, monkeypatch):
+def test_promote_puts_the_recording_card_and_its_first_episode_in_this_builds_copy(tmp_path, monkeypatch):
     from tutorial_utils import paths
     from tutorial_utils.data import synth
 
     ds = tmp_path / "data" / "rec"
     synth.generate_dataset(ds, n_episodes=2, mean_length=12, image_size=32)
-    monkeypatch.setattr(paths, "LOGS", tmp_path / "logs")
-    monkeypatch.setattr(paths, "ASSETS", tmp_path / "assets")
-    (tmp_path / "logs").mkdir()
-    (tmp_path / "assets").mkdir()
+    monkeypatch.setattr(paths, "PROMOTED", tmp_path / "promoted")
     ctx = {"profile": "cpu", "dataset": str(ds), "timings": [{"stage": "record", "run_s": 12.5}]}
     out = {p.name for p in pipeline.promote(ctx)}
     assert out == {
@@ -175,10 +172,15 @@ def test_promote_puts_the_recording_card_and_its_first_episode_in_logs_and_asset
         "record_episode.json",
         "record_episode_primary.mp4",
         "record_episode_wrist.mp4",
+        "promoted.json",
     }
-    card = json.loads((tmp_path / "logs" / "record_dataset.json").read_text())
+    card = json.loads((tmp_path / "promoted" / "logs" / "record_dataset.json").read_text())
     assert card["total_episodes"] == 2 and card["job_wall_s"] == 12.5
-    assert (tmp_path / "assets" / "record_episode_primary.mp4").stat().st_size > 0
+    assert (tmp_path / "promoted" / "assets" / "record_episode_primary.mp4").stat().st_size > 0
+    stamp = json.loads((tmp_path / "promoted" / "logs" / "promoted.json").read_text())["files"][
+        "logs/record_dataset.json"
+    ]
+    assert stamp["dataset"] == "rec" and stamp["episodes"] == 2 and len(stamp["fingerprint"]) == 12
     assert pipeline.promote({"profile": "ci", "dataset": str(ds)}) == []  # smoke runs are not promoted
 
 

@@ -230,7 +230,14 @@ def test_parse_task_ids_and_output_dir(tmp_path):
         parse_task_ids("zero")
     with pytest.raises(ConfigError, match="task_ids"):
         parse_task_ids("4-2")
-    assert rec.RecordConfig(task_ids="0-1", episodes_per_task=2).items() == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert rec.RecordConfig(task_ids="0-1", episodes_per_task=2, init_state_offset=0).items() == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    # by default the recording starts at init state 10: the evaluation's starts (0, 1, ...) stay held out
+    assert rec.RecordConfig(task_ids="0", episodes_per_task=2).items() == [(0, 10), (0, 11)]
     assert rec.resolve_output_dir("run", tmp_path, "libero_spatial", 128) == tmp_path / "dataset"
     assert (
         rec.resolve_output_dir("", tmp_path, "libero_spatial", 128).name == "libero_spatial_no_noops_expert_128_lerobot"

@@ -43,6 +43,7 @@ def test_a_tiny_zoo_trains_evaluates_tabulates_and_promotes(tmp_path, runs_dir, 
     """One family through the real train and evaluate jobs (2 steps, one 5-step episode in
     LIBERO), its row, the figures, the reuse of both jobs, and promotion."""
     monkeypatch.setattr(paths, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(paths, "PROMOTED", tmp_path / "promoted")
     (tmp_path / "logs").mkdir()
     kw = dict(families="mini", dataset="synthetic", steps=2, batch_size=2, max_steps=5, task_ids="0")
     out = zoo.run(tmp_path / "zoo1", **kw)
@@ -120,6 +121,7 @@ def test_sweep_values_are_typed_and_checked():
 @pytest.mark.slow
 def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_dir, monkeypatch):
     monkeypatch.setattr(paths, "LOGS", tmp_path / "logs")
+    monkeypatch.setattr(paths, "PROMOTED", tmp_path / "promoted")
     (tmp_path / "logs").mkdir()
     out = zoo.sweep(
         tmp_path / "sw", param="hidden_dim", values="16,32", policy="mlp", steps=2, eval_freq=1,

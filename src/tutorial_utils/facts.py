@@ -271,3 +271,56 @@ def numbers() -> list[tuple[str, float]]:
         vals = f["value"] if isinstance(f["value"], tuple) else (f["value"],)
         out += [(name, float(v)) for v in vals]
     return out
+
+
+# --- where each fact can be checked: a reference of book/references.md ---------------------------
+
+#: the references of ``book/references.md`` the registry's sources point to: key -> (label, URL)
+REFERENCES: dict[str, tuple[str, str]] = {
+    "dit4dit": ("DiT4DiT repository", "https://github.com/Mondo-Robotics/DiT4DiT"),
+    "ipec": (
+        "IPEC-COMMUNITY libero_spatial dataset",
+        "https://huggingface.co/datasets/IPEC-COMMUNITY/libero_spatial_no_noops_1.0.0_lerobot",
+    ),
+    "libero": ("LIBERO", "https://github.com/Lifelong-Robot-Learning/LIBERO"),
+    "openpi": ("openpi", "https://github.com/Physical-Intelligence/openpi"),
+    "lerobot": ("LeRobot", "https://github.com/huggingface/lerobot"),
+    "openvla": ("OpenVLA", "https://arxiv.org/abs/2406.09246"),
+    "cosmos": ("Cosmos-Predict2.5-2B", "https://huggingface.co/nvidia/Cosmos-Predict2.5-2B"),
+    "robosuite": ("robosuite", "https://github.com/ARISE-Initiative/robosuite"),
+}
+
+#: the first reference whose marker appears in a fact's source (checked in this order)
+_MARKERS = (
+    ("OpenVLA", "openvla"),
+    ("IPEC", "ipec"),
+    ("seed", "dit4dit"),  # the smoke test's log: the official DiT4DiT chain run once
+    ("DiT4DiT", "dit4dit"),
+    ("openpi", "openpi"),
+    ("LeRobot", "lerobot"),
+    ("Cosmos", "cosmos"),
+    ("robosuite", "robosuite"),
+    ("LIBERO", "libero"),
+    ("libero", "libero"),
+)
+
+
+def reference(name: str) -> str:
+    """The key in :data:`REFERENCES` where the fact called ``name`` can be checked."""
+    src = fact(name)["source"]
+    for marker, key in _MARKERS:
+        if marker in src:
+            return key
+    raise KeyError(f"fact {name!r}: its source names no reference of REFERENCES ({src!r}); add one")
+
+
+def source_text(name: str) -> str:
+    """The fact's source as a reader can follow it: without the project's internal notes
+    (``docs/FACTS.md section N``, the shared seed file), which a reader of the book does not have."""
+    import re
+
+    src = fact(name)["source"]
+    src = re.sub(r";?\s*(?:docs/)?FACTS\.md (?:s|sections? )\d+(?:(?:,\s*| and )(?:s|section )?\d+)*", "", src)
+    src = re.sub(r";\s*issue \d+", "", src)
+    src = src.replace(_SEED + ", ", "the log of the official DiT4DiT 2-step smoke test (")
+    return src.strip(" ;")

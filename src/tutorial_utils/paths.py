@@ -19,6 +19,10 @@ ASSETS = REPO / "assets"
 NOTEBOOKS = REPO / "notebooks"
 JOBS = NOTEBOOKS / "jobs"
 BUILD = REPO / "_build"
+#: Where a reader's ``make book`` promotes its own runs (git-ignored): ``logs/`` and ``assets/``
+#: below it mirror the shipped reference in :data:`LOGS` and :data:`ASSETS`, and pages prefer them
+#: (:func:`tutorial_utils.report.provenance.find`). ``TUTORIAL_PROMOTED_DIR`` moves it.
+PROMOTED = Path(os.environ.get("TUTORIAL_PROMOTED_DIR", BUILD / "promoted")).resolve()
 
 
 def _elsewhere() -> list[tuple[str, str]]:

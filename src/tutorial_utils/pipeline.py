@@ -3,8 +3,13 @@
 ``python -m tutorial_utils pipeline`` (``make main-job``; part of ``make book``) runs each stage
 as a job notebook through :func:`tutorial_utils.jobs.run_notebook` with ``reuse=True``: a stage
 whose run already finished with the same parameters is not run again, so a second
-``make book`` only rebuilds what changed. The stages' outputs are promoted into ``logs/`` and
-``assets/`` for the chapters to embed.
+``make book`` only rebuilds what changed. The stages' outputs are promoted into this build's
+copy, ``_build/promoted/{logs,assets}`` (git-ignored), which the chapters prefer to the reference
+shipped in ``logs/`` and ``assets/``; ``--reference`` (maintainers) promotes into the reference.
+
+The recording starts at init state 10 (``record_demos.md``'s ``ci`` and ``cpu`` defaults) and the
+evaluation runs trial ``k`` of each task from init state ``k``: the evaluated starts are held out,
+and the promoted results say how many of them a demonstration started from (none).
 
 The profile is ``TUTORIAL_PROFILE`` (``make book`` runs the chain in ``cpu`` by default).
 """
@@ -100,29 +105,86 @@ PROMOTE_PREFIXES = {
 }
 
 
-def promote(ctx: dict[str, Any]) -> list[Path]:
-    """Copy the chain's small real outputs into logs/ and assets/ (the stage modules do it):
-    the recorded dataset's card and its first episode's two videos, the training run's logs,
-    the evaluation's results, logs and a rollout video."""
+def demonstrated(eval_run: str | os.PathLike, dataset: str | os.PathLike) -> dict[str, Any] | None:
+    """How an evaluation's starts meet the recording: the recording's episodes and init states, the
+    evaluated (task, init state) starts and how many of them a demonstration started from. None
+    when the dataset has no recording manifest (synthetic data)."""
+    from tutorial_utils.sim.record import read_manifest
+
+    results_file = Path(eval_run) / "results.json"
+    man = read_manifest(Path(dataset)) if (Path(dataset) / "meta").is_dir() else None
+    if not man or not results_file.is_file():
+        return None
+    results = json.loads(results_file.read_text(encoding="utf-8"))
+    starts = {(int(e["task_id"]), int(e["init_state"])) for e in man.get("episodes", [])}
+    evaluated = {
+        (int(t["task_id"]), int(ep["init_state"]))
+        for t in results.get("tasks", [])
+        for ep in t.get("episodes", [])
+        if ep.get("init_state") is not None
+    }
+    inits = sorted({i for _, i in starts})
+    return {
+        "episodes": len(starts),
+        "init_states": [inits[0], inits[-1]] if inits else [],
+        "eval_pairs": len(evaluated),
+        "eval_pairs_seen": len(evaluated & starts),
+    }
+
+
+def promote(ctx: dict[str, Any], reference: bool = False) -> list[Path]:
+    """Copy the chain's small real outputs (the stage modules do it) into this build's copy,
+    ``_build/promoted/`` (git-ignored), or with ``reference=True`` into the shipped ``logs/`` and
+    ``assets/``: the recorded dataset's card and its first episode's two videos, the training
+    run's logs, the evaluation's results (with how many evaluated starts were demonstrated), logs
+    and a rollout video; and a provenance stamp per file (``promoted.json``)."""
     from tutorial_utils.report import promote as P
+    from tutorial_utils.report import provenance
 
     prefixes = PROMOTE_PREFIXES.get(ctx["profile"])
     if prefixes is None:
-        print(f"[pipeline] profile {ctx['profile']!r}: smoke-sized runs are not promoted into logs/ and assets/")
+        print(f"[pipeline] profile {ctx['profile']!r}: smoke-sized runs are not promoted")
         return []
+    logs_dir, assets_dir = P.destinations(reference)
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    assets_dir.mkdir(parents=True, exist_ok=True)
+    dataset = ctx.get("dataset")
+    stamped: dict[str, dict] = {}
+
+    def _stamp(files, run, kind):
+        st = provenance.stamp(run, dataset, stage=kind, profile=ctx["profile"])
+        for f in files:
+            f = Path(f)
+            stamped[f"{'logs' if f.parent == logs_dir else 'assets'}/{f.name}"] = st
+        return [Path(f) for f in files]
+
     out: list[Path] = []
-    if ctx.get("dataset"):
+    if dataset:
         wall = next((t["run_s"] for t in ctx.get("timings", []) if t["stage"] == "record"), None)
-        card = paths.LOGS / f"{prefixes['record']}dataset.json"
-        P.dataset_card(ctx["dataset"], out=card, wall_s=wall)
-        clip = P.recording_episode(ctx["dataset"], 0, prefix=f"{prefixes['record']}episode")
-        out += [card, paths.ASSETS / f"{prefixes['record']}episode.json"]
-        out += [paths.ASSETS / clip[k] for k in ("primary", "wrist")]
+        card = logs_dir / f"{prefixes['record']}dataset.json"
+        P.dataset_card(dataset, out=card, wall_s=wall)
+        clip = P.recording_episode(dataset, 0, assets_dir=assets_dir, prefix=f"{prefixes['record']}episode")
+        files = [card, assets_dir / f"{prefixes['record']}episode.json"]
+        out += _stamp(files + [assets_dir / clip[k] for k in ("primary", "wrist")], ctx.get("record_run"), "record")
     if ctx.get("train_run"):
-        out += list(P.training(ctx["train_run"], prefix=prefixes["train"]).values())
+        out += _stamp(
+            P.training(ctx["train_run"], prefix=prefixes["train"], logs_dir=logs_dir).values(),
+            ctx["train_run"],
+            "train",
+        )
     if ctx.get("eval_run"):
-        out += list(P.evaluation(ctx["eval_run"], prefix=prefixes["evaluate"]).values())
-    return [Path(p) for p in out]
+        demos = demonstrated(ctx["eval_run"], dataset) if dataset else None
+        files = P.evaluation(
+            ctx["eval_run"],
+            logs_dir=logs_dir,
+            assets_dir=assets_dir,
+            prefix=prefixes["evaluate"],
+            extra={"demonstrations": demos} if demos else None,
+        ).values()
+        out += _stamp(files, ctx["eval_run"], "evaluate")
+    if stamped:
+        out.append(provenance.write_stamps(stamped, reference=reference))
+    return out
 
 
 def recorded_dataset() -> tuple[Path | None, str | None]:
@@ -131,8 +193,10 @@ def recorded_dataset() -> tuple[Path | None, str | None]:
     chain's ``runs/pipeline.json``; a folder counts only while it still holds a dataset."""
     import json
 
+    from tutorial_utils.report import provenance
+
     found = []
-    if (card := paths.LOGS / "record_dataset.json").is_file():
+    if (card := provenance.find_optional("logs/record_dataset.json")) is not None:
         found.append((json.loads(card.read_text())["summary"]["output_dir"], card))
     if (chain := paths.RUNS / "pipeline.json").is_file():
         found.append((json.loads(chain.read_text()).get("dataset") or "", chain))
@@ -147,6 +211,12 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m tutorial_utils pipeline", description=__doc__.split("\n\n")[0])
     ap.add_argument("--until", choices=[s.name for s in STAGES], help="stop after this stage")
     ap.add_argument("--no-promote", action="store_true")
+    ap.add_argument(
+        "--reference",
+        action="store_true",
+        help="promote into logs/ and assets/, the reference shipped with the book (maintainers; "
+        "by default the chain promotes into _build/promoted/, which git ignores)",
+    )
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -155,7 +225,7 @@ def main(argv: list[str]) -> int:
         print(f"pipeline failed: {exc}", file=sys.stderr)
         return 1
     if not args.no_promote and args.until in (None, STAGES[-1].name):
-        for p in promote(ctx):
+        for p in promote(ctx, reference=args.reference):
             print(f"[pipeline] promoted {p.relative_to(paths.REPO) if p.is_relative_to(paths.REPO) else p}")
     summary = paths.RUNS / "pipeline.json"
     from tutorial_utils.io import atomic_write_json

@@ -496,7 +496,7 @@ def _say(row: dict) -> None:
 
 
 _DATASET = {
-    "cpu": "libero_spatial_no_noops_expert_128_lerobot",
+    "cpu": "libero_spatial_no_noops_expert_128_init10_lerobot",
     "gpu": "libero_spatial_no_noops_expert_256_lerobot",
 }
 
@@ -1125,9 +1125,10 @@ def ladder_figure(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
     return fig
 
 
-def promote(run_dir: str | os.PathLike, prefix: str | None = None) -> list[Path]:
-    """Copy a finished zoo's ``zoo.json`` (or a sweep's ``sweep.json``) into ``logs/<prefix>.json``
-    (the chapters read it and draw their figures from it). An unfinished one is refused. A zoo
+def promote(run_dir: str | os.PathLike, prefix: str | None = None, reference: bool = False) -> list[Path]:
+    """Copy a finished zoo's ``zoo.json`` (or a sweep's ``sweep.json``) into this build's
+    ``_build/promoted/logs/<prefix>.json``, or with ``reference=True`` the shipped
+    ``logs/<prefix>.json`` (the chapters read it, preferring this build's, and draw their figures from it). An unfinished one is refused. A zoo
     from before ``config.demonstrations`` gets it here when its dataset is on this machine
     (``zoo promote logs/zoo_cpu.json --prefix zoo_cpu`` fills in a promoted one)."""
     zoo = load(run_dir)
@@ -1147,10 +1148,23 @@ def promote(run_dir: str | os.PathLike, prefix: str | None = None) -> list[Path]
                 cfg["dataset"], cfg.get("suite", "libero_spatial"), cfg.get("task_ids", "all"), cfg["trials_per_task"]
             )
             cfg["demonstrations"] = d and {**d, "read_at": "promotion"}  # from the dataset here now, not during the run
-    dest = paths.LOGS / f"{prefix}.json"
+    from tutorial_utils.report import promote as P
+    from tutorial_utils.report import provenance
+
+    dest = P.destinations(reference)[0] / f"{prefix}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
     # a promoted file promoted again (to fill in the demonstrations) keeps the run it came from
     source = zoo.get("promoted_from") or paths.for_book(os.fspath(Path(run_dir)))
     atomic_write_json(dest, {**zoo, "promoted_from": source})
+    if Path(run_dir).is_dir():  # a run here: stamp it (its dataset's fingerprint when the dataset is here)
+        with contextlib.suppress(TutorialError, OSError):
+            from tutorial_utils.train.job import resolve_dataset
+
+            data = (
+                resolve_dataset(cfg["dataset"], paths.RUNS) if cfg.get("dataset") not in (None, "synthetic") else None
+            )
+            st = provenance.stamp(run_dir, data, stage=zoo.get("kind", "zoo"))
+            provenance.write_stamps({f"logs/{dest.name}": st}, reference=reference)
     return [dest]
 
 
@@ -1159,9 +1173,12 @@ def main(argv: list[str]) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("table", help="print a zoo's comparison table")
     t.add_argument("run", help="the zoo or sweep job's run directory, or a promoted logs/*.json")
-    p = sub.add_parser("promote", help="copy a finished zoo's or sweep's results into logs/ for the chapters")
+    p = sub.add_parser(
+        "promote", help="copy a finished zoo's or sweep's results into _build/promoted/logs/ for the chapters"
+    )
     p.add_argument("run")
     p.add_argument("--prefix", default=None, help="the file name in logs/ (default: <zoo|sweep>_<profile>)")
+    p.add_argument("--reference", action="store_true", help="into logs/, the reference shipped with the book")
     s = sub.add_parser(
         "smolvla-smoke",
         help="LeRobot's SmolVLA on a local stand-in VLM (random weights): train a few steps, reload, serve",
@@ -1177,7 +1194,7 @@ def main(argv: list[str]) -> int:
         if args.cmd == "table":
             print(text(load(args.run)))
         else:
-            for f in promote(args.run, args.prefix):
+            for f in promote(args.run, args.prefix, reference=args.reference):
                 print(f"promoted {f}")
     except (ConfigError, FileNotFoundError, PolicyUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)

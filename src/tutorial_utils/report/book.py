@@ -127,7 +127,7 @@ def jb_command(root: Path = paths.REPO, builder: str = "html") -> list[str]:
 
 
 #: folders the chapters read at build time (the promoted real logs and media)
-BUILD_INPUTS = ("logs", "assets")
+BUILD_INPUTS = ("logs", "assets", "_build/promoted")
 INPUTS_STAMP = "_build/.inputs_fingerprint"
 
 

@@ -38,8 +38,10 @@ LAB_DIR = paths.REPO / ".make" / "lab"
 HOST = "127.0.0.1"
 DEFAULT_PORT = 8888
 #: jupytext's contents manager (jupytext >= 1.16 also enables it as a server extension; naming
-#: it here makes the set-up independent of which server extensions happen to be enabled)
-CONTENTS_MANAGER = "jupytext.AsyncTextFileContentsManager"
+#: it here makes the set-up independent of which server extensions happen to be enabled), with
+#: the kernel's ``language_info`` added to opened notebooks so that opening a chapter does not
+#: mark it modified (:mod:`tutorial_utils.report.lab_contents`)
+CONTENTS_MANAGER = "tutorial_utils.report.lab_contents.BookContentsManager"
 #: jupytext's notebook view for the file types of the chapters, so a double click on a ``.md``
 #: opens a notebook (JupyterLab's default for ``.md`` is the text editor); and no calls to the
 #: internet for news or updates (a GPU server often has no way out).
@@ -104,6 +106,13 @@ def header_survives_save(chapter: Path) -> bool:
         load_jupytext_configuration_file(config_file).set_default_format_options(fmt)
     text = jupytext.writes(jupytext.read(chapter), fmt=fmt)
     return "\nkernelspec:" in text and text.startswith("---\n")
+
+
+def myst_renderer() -> bool:
+    """Whether JupyterLab can render the chapters' MyST (roles, directives, admonitions): the
+    ``jupyterlab-myst`` extension (requirements.txt) is installed in this environment. Without
+    it the chapters still open and run; their MyST shows as plain Markdown text."""
+    return (Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "jupyterlab-myst").is_dir()
 
 
 # --- the server -----------------------------------------------------------------------------------
@@ -173,6 +182,13 @@ def instructions(port: int, token_file: Path = TOKEN_FILE) -> str:
             f"  from a laptop, tunnel the port first, then open {url} there:",
             f"    ssh -N -L {port}:{HOST}:{port} user@gpu-server",
             "  stop it with Ctrl-C (twice)",
+            *(
+                []
+                if myst_renderer()
+                else [
+                    "  note: jupyterlab-myst is not installed: MyST roles show as text (pip install -r requirements.txt)"
+                ]
+            ),
         ]
     )
 

@@ -1,9 +1,16 @@
-"""Promotion: a finished run's small, real outputs copied into ``logs/`` and ``assets/`` for the book.
+"""Promotion: a finished run's small, real outputs copied out of ``runs/`` for the book.
 
 One function per kind of run, each atomic and each writing portable paths
 (:func:`tutorial_utils.paths.for_book`): :func:`recording_episode` and :func:`dataset_card`
 (a recorded dataset), :func:`training` (a training run's logs, metrics and summary) and
 :func:`evaluation` (an evaluation run's logs, results and one rollout video).
+
+Where they go (:func:`destinations`): by default this build's copy, ``_build/promoted/logs`` and
+``_build/promoted/assets`` (git-ignored; a reader's ``make book`` leaves the checkout clean and the
+pages prefer these files, :mod:`tutorial_utils.report.provenance`). The reference shipped with the
+book, ``logs/`` and ``assets/``, changes only by the maintainer command
+``python -m tutorial_utils promote --reference`` (:func:`to_reference`), which copies this build's
+promoted files there.
 """
 
 from __future__ import annotations
@@ -21,6 +28,45 @@ from tutorial_utils.secrets import redact_data
 from tutorial_utils.sim.record import RecordError, read_manifest
 
 
+def destinations(reference: bool = False) -> tuple[Path, Path]:
+    """(logs folder, assets folder) promotion writes to: this build's copy, or with
+    ``reference=True`` the shipped reference (``logs/``, ``assets/``)."""
+    if reference:
+        return paths.LOGS, paths.ASSETS
+    return paths.PROMOTED / "logs", paths.PROMOTED / "assets"
+
+
+def to_reference() -> list[Path]:
+    """Copy this build's promoted files (``_build/promoted/{logs,assets}``) over the shipped
+    reference in ``logs/`` and ``assets/``, stamps merged: the one maintainer command that
+    changes the reference (``python -m tutorial_utils promote --reference``)."""
+    import shutil
+
+    from tutorial_utils.io import atomic_path
+    from tutorial_utils.report import provenance
+
+    build_logs, build_assets = destinations()
+    files = [p for base in (build_logs, build_assets) if base.is_dir() for p in sorted(base.rglob("*")) if p.is_file()]
+    if not files:
+        raise FileNotFoundError(
+            f"{paths.for_book(str(paths.PROMOTED))} holds no promoted files: run the main job "
+            "(`python -m tutorial_utils pipeline` in the cpu profile) first"
+        )
+    done = []
+    for src in files:
+        if src.name == provenance.STAMPS and src.parent == build_logs:
+            provenance.write_stamps(provenance.stamps(build=True), reference=True)
+            done.append(paths.LOGS / provenance.STAMPS)
+            continue
+        dest = provenance.reference_path(src.relative_to(paths.PROMOTED).as_posix())
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(dest) as tmp:
+            shutil.copyfile(src, tmp)
+        dest.chmod(0o644)
+        done.append(dest)
+    return done
+
+
 def recording_episode(
     dataset_root: str | os.PathLike,
     episode_index: int = 0,
@@ -31,11 +77,10 @@ def recording_episode(
     """Copy one recorded episode's primary and wrist mp4 into ``assets/`` (small, h264) plus a JSON card."""
     import shutil
 
-    from tutorial_utils import paths
     from tutorial_utils.io import atomic_path
 
     root = Path(dataset_root)
-    assets = Path(assets_dir) if assets_dir else paths.ASSETS
+    assets = Path(assets_dir) if assets_dir else destinations()[1]
     info = read_info(root)
     episodes = [json.loads(x) for x in (root / "meta" / "episodes.jsonl").read_text().splitlines() if x.strip()]
     if not 0 <= episode_index < len(episodes):
@@ -161,6 +206,8 @@ def dataset_card(
         "config": _resolved_config(man.get("config"), per_task),
         "summary": man.get("summary"),
         "per_task": per_task,
+        # the (task, init state) each episode started from: which evaluated starts were demonstrated
+        "starts": sorted([int(e["task_id"]), int(e["init_state"])] for e in man.get("episodes", [])),
         "schema": schema_report(root),
     }
     if wall_s is not None:
@@ -168,7 +215,7 @@ def dataset_card(
     from tutorial_utils.io import atomic_write_json
 
     card = paths.for_book(card)  # the dataset's location relative to the repository, not this machine's path
-    atomic_write_json(Path(out) if out else paths.LOGS / "record_dataset.json", card)
+    atomic_write_json(Path(out) if out else destinations()[0] / "record_dataset.json", card)
     return card
 
 
@@ -177,7 +224,7 @@ def training(run_dir: str | os.PathLike, prefix: str = "train_", logs_dir: Path 
     ``metrics.jsonl``, ``summary.json``, ``dataset_statistics.json`` and ``train_config.json``
     (atomically, with this machine's paths made portable)."""
     run_dir = Path(run_dir)
-    logs_dir = logs_dir or paths.LOGS
+    logs_dir = logs_dir or destinations()[0]
     out: dict[str, Path] = {}
     for name in ("train.log", "metrics.jsonl", "summary.json", "dataset_statistics.json", "train_config.json"):
         src = run_dir / name
@@ -195,6 +242,7 @@ def evaluation(
     assets_dir: Path | None = None,
     prefix: str = "eval_",
     max_video_bytes: int = 2_000_000,
+    extra: dict | None = None,
 ) -> dict[str, Path]:
     """Copy a finished evaluation run's real artifacts for the book (atomically):
 
@@ -202,13 +250,12 @@ def evaluation(
     ``results.json`` -> ``logs/<prefix>results.json``, and the first successful episode's video
     (else the first video) -> ``assets/<prefix>rollout.mp4`` (refused when larger than
     ``max_video_bytes``). Only a run whose logs pass :func:`tutorial_utils.logs.diagnose` is
-    promoted; a low success rate is still a valid run.
+    promoted; a low success rate is still a valid run. ``extra`` is merged into the promoted
+    results (the main job adds ``demonstrations``: how many evaluated starts were demonstrated).
     """
-    from tutorial_utils import paths
-
     run = Path(run_dir)
-    logs_dir = Path(logs_dir or paths.LOGS)
-    assets_dir = Path(assets_dir or paths.ASSETS)
+    logs_dir = Path(logs_dir or destinations()[0])
+    assets_dir = Path(assets_dir or destinations()[1])
     results_path = run / RESULTS_FILE
     if not results_path.is_file():
         raise FileNotFoundError(f"{results_path} not found: promote a finished evaluation run (one with results.json)")
@@ -229,7 +276,8 @@ def evaluation(
         done[key] = promote_text(src, dst)
     # the book's copy names runs and checkpoints relative to the repository, not this machine's paths
     # ... and holds no secret (logs/ is tracked by git)
-    done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", redact_data(paths.for_book(results)))
+    promoted = {**results, **(extra or {})}
+    done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", redact_data(paths.for_book(promoted)))
     out_root = Path(results.get("config", {}).get("output_dir") or run)
     episodes = [ep for t in results.get("tasks", []) for ep in t.get("episodes", []) if ep.get("video")]
     videos = [ep["video"] for ep in episodes if ep.get("success")] + [
@@ -250,23 +298,38 @@ def evaluation(
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tutorial_utils promote {eval,train} RUN_DIR``: promote a finished run by hand."""
+    """``python -m tutorial_utils promote {eval,train} RUN_DIR [--reference]``: promote a finished
+    run by hand (into this build's copy, or with ``--reference`` into ``logs/`` and ``assets/``);
+    ``python -m tutorial_utils promote --reference``: make this build's promoted files the
+    shipped reference (the maintainer command)."""
     import argparse
     import sys
 
     ap = argparse.ArgumentParser(
         prog="python -m tutorial_utils promote",
-        description="Copy a finished run's logs, results and one video into logs/ and assets/.",
+        description="Copy a finished run's logs, results and one video into _build/promoted/ (this build), "
+        "or, with --reference, into logs/ and assets/ (the reference shipped with the book). "
+        "Without a run: --reference copies this build's promoted files over the shipped reference.",
     )
-    ap.add_argument("kind", choices=("eval", "train"))
-    ap.add_argument("run_dir")
+    ap.add_argument("kind", nargs="?", choices=("eval", "train"))
+    ap.add_argument("run_dir", nargs="?")
     ap.add_argument("--prefix", default=None, help="file name prefix (default: eval_ or train_)")
+    ap.add_argument(
+        "--reference", action="store_true", help="write the shipped reference in logs/ and assets/ (maintainers)"
+    )
     args = ap.parse_args(argv)
+    if args.kind and not args.run_dir:
+        ap.error(f"promote {args.kind} needs a RUN_DIR")
+    if not args.kind and not args.reference:
+        ap.error("name a run (promote eval|train RUN_DIR) or pass --reference to update the shipped reference")
+    logs_dir, assets_dir = destinations(args.reference)
     try:
-        if args.kind == "eval":
-            done = evaluation(args.run_dir, prefix=args.prefix or "eval_")
+        if args.kind is None:
+            done = {p.name: p for p in to_reference()}
+        elif args.kind == "eval":
+            done = evaluation(args.run_dir, logs_dir=logs_dir, assets_dir=assets_dir, prefix=args.prefix or "eval_")
         else:
-            done = training(args.run_dir, prefix=args.prefix or "train_")
+            done = training(args.run_dir, logs_dir=logs_dir, prefix=args.prefix or "train_")
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

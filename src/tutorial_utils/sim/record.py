@@ -50,14 +50,19 @@ class RecordConfig:
         "2", "tasks to record: all, 0-4, 0,3 or a list (tutorial_utils.params.parse_task_ids)", cpu="all"
     )
     episodes_per_task: int = param(1, "successful episodes per task (init states offset, offset+1, ...)", cpu=5, gpu=50)
-    init_state_offset: int = param(0, "first init state of each task")
+    init_state_offset: int = param(
+        10,
+        "first init state of each task (10: the evaluation's starts, init states 0, 1, ..., stay held out)",
+        cpu=10,
+        gpu=0,
+    )
     image_size: int = param(128, "square camera size (LIBERO's reference is 256; an even number)", gpu=256)
     render_profile: str = param("fast", "fast | reference (the same profile evaluation uses)")
     seed: int = param(7, "seed of the expert's grasp search")
     attempts: int = param(4, "expert attempts per (task, init state) before the item is skipped")
     output_dir: str = param(
         "run",
-        "dataset folder: empty for data/<suite>_no_noops_expert_<size>_lerobot, 'run' for <run_dir>/dataset, or a path",
+        "dataset folder: empty for data/<suite>_no_noops_expert_<size>[_init<offset>]_lerobot, 'run' for <run_dir>/dataset, or a path",
         cpu="",
     )
     workers: int = param(1, "worker processes recording in parallel (each holds one LIBERO scene)", cpu=2, gpu=8)
@@ -83,17 +88,21 @@ class RecordConfig:
         ]
 
 
-def default_output_dir(suite: str, image_size: int) -> Path:
-    """``data/<suite>_no_noops_expert_<size>_lerobot``: the book's own recording."""
+def default_output_dir(suite: str, image_size: int, init_state_offset: int = 0) -> Path:
+    """``data/<suite>_no_noops_expert_<size>_lerobot``: the book's own recording;
+    ``..._<size>_init<N>_lerobot`` when it starts at init state ``N`` (the main job records from
+    init state 10 so that the evaluation's starts 0, 1, ... are held out). Two recordings from
+    different init states never share a folder (resuming would mix them)."""
     from tutorial_utils import paths
 
-    return paths.DATA / f"{suite}_no_noops_expert_{int(image_size)}_lerobot"
+    offset = f"_init{int(init_state_offset)}" if int(init_state_offset) else ""
+    return paths.DATA / f"{suite}_no_noops_expert_{int(image_size)}{offset}_lerobot"
 
 
-def resolve_output_dir(output_dir: str, run_dir, suite: str, image_size: int) -> Path:
+def resolve_output_dir(output_dir: str, run_dir, suite: str, image_size: int, init_state_offset: int = 0) -> Path:
     """The job's ``output_dir``: ``""`` -> :func:`default_output_dir`, ``"run"`` -> ``<run_dir>/dataset``."""
     if not output_dir:
-        return default_output_dir(suite, image_size)
+        return default_output_dir(suite, image_size, init_state_offset)
     if output_dir == "run":
         return Path(run_dir) / "dataset"
     return Path(output_dir)
@@ -391,7 +400,7 @@ def run_job(run_dir: str | os.PathLike, **overrides: Any) -> dict:
     from tutorial_utils.data.format import LeRobotDataset
 
     cfg = params.from_mapping(RecordConfig, overrides, "`python -m tutorial_utils record --list-params`")
-    out = resolve_output_dir(cfg.output_dir, run_dir, cfg.suite, cfg.image_size)
+    out = resolve_output_dir(cfg.output_dir, run_dir, cfg.suite, cfg.image_size, cfg.init_state_offset)
     print(
         f"run directory: {run_dir}\noutput: {out}\n{len(cfg.items())} episodes to record: tasks {list(cfg.task_list)}, "
         f"init states {cfg.init_state_offset}..{cfg.init_state_offset + cfg.episodes_per_task - 1}, "
@@ -426,6 +435,6 @@ def main(argv: list[str]) -> int:
         "Record LIBERO demonstrations with the scripted expert into a LeRobot v2.1 dataset.",
     )
     if cfg is not None:
-        out = resolve_output_dir(cfg.output_dir, Path.cwd(), cfg.suite, cfg.image_size)
+        out = resolve_output_dir(cfg.output_dir, Path.cwd(), cfg.suite, cfg.image_size, cfg.init_state_offset)
         print(json.dumps(record(out, cfg, workers=cfg.workers)))
     return 0

@@ -43,7 +43,7 @@ class TrainConfig:
         "LeRobot v2.1 dataset: a name under data/, a path, or synthetic (a small generated one; the train job "
         "writes it into the run directory). Alias data_mix.",
         "data",
-        cpu="libero_spatial_no_noops_expert_128_lerobot",
+        cpu="libero_spatial_no_noops_expert_128_init10_lerobot",
         gpu="libero_spatial_no_noops_expert_256_lerobot",
     )
     output_dir: str = _p(

@@ -1,0 +1,187 @@
+"""Pages rendered from the promoted files at build time (the ``results-summary``,
+``promoted-artifacts`` and ``facts-table`` directives of :mod:`tutorial_utils.report.sphinx_ext`):
+the intro's results summary, the artifacts page's list of what promotion wrote, and the facts
+registry with a link to each fact's source. Each function returns Markdown and the files it read."""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+
+from tutorial_utils import paths
+from tutorial_utils.report import provenance as P
+
+#: who writes each file under logs/ and assets/ (first match wins); ``{cpu}`` rows are the main job's
+PRODUCERS: tuple[tuple[str, str], ...] = (
+    ("logs/promoted.json", "every promotion: one provenance stamp per promoted file (`report.provenance`)"),
+    (
+        "logs/record_dataset.json",
+        "the main job's recording stage (`python -m tutorial_utils pipeline`, `report.promote.dataset_card`)",
+    ),
+    (
+        "assets/record_episode*",
+        "the main job's recording stage: its first episode (`report.promote.recording_episode`)",
+    ),
+    ("logs/train_cpu_*", "the main job's training stage (`report.promote.training`)"),
+    ("logs/eval_mini_*", "the main job's evaluation stage (`report.promote.evaluation`)"),
+    ("assets/eval_mini_rollout.mp4", "the main job's evaluation stage: one rollout (`report.promote.evaluation`)"),
+    ("logs/eval_*", "the expert's evaluation job, `python -m tutorial_utils promote eval RUN`"),
+    ("assets/eval_rollout.mp4", "the expert's evaluation job, `python -m tutorial_utils promote eval RUN`"),
+    ("logs/zoo_*.json", "the zoo job (`notebooks/jobs/zoo.md`), then `python -m tutorial_utils zoo promote RUN`"),
+    ("logs/sweep_*.json", "the sweep job (`notebooks/jobs/sweep.md`), then `python -m tutorial_utils zoo promote RUN`"),
+    ("logs/expert_*.json", "`python -m tutorial_utils expert` (the scripted expert's success table and one trace)"),
+    ("logs/record_bench_render.json", "`benchmarks/bench_render.py` (render profiles)"),
+    ("assets/record_render_profiles.png", "`benchmarks/bench_render.py` (render profiles)"),
+    ("assets/*.svg", "drawn by hand (each SVG says so in its first lines)"),
+    ("assets/book.css", "the book's style sheet, by hand"),
+)
+
+
+def producer(rel: str) -> str | None:
+    return next((who for pattern, who in PRODUCERS if fnmatch.fnmatch(rel, pattern)), None)
+
+
+def _readers(name: str) -> list[str]:
+    """The chapters whose source names the file."""
+    out = []
+    for page in sorted(paths.NOTEBOOKS.glob("*.md")):
+        if name in page.read_text(encoding="utf-8"):
+            out.append(page.stem)
+    return out
+
+
+def artifacts_md() -> tuple[str, list[Path]]:
+    """A table of every file in the shipped reference and in this build's copy: who wrote it, its
+    size, which chapters read it, and its run (from the provenance stamp or the file)."""
+    rows, read = [], []
+    for kind, base in (("logs", paths.LOGS), ("assets", paths.ASSETS)):
+        names = {p.name for p in base.glob("*") if p.is_file()}
+        names |= {p.name for p in (paths.PROMOTED / kind).glob("*") if p.is_file()}
+        for name in sorted(names):
+            rel = f"{kind}/{name}"
+            path = P.find(rel)
+            read.append(path)
+            run = ""
+            if path.suffix == ".json" and name != P.STAMPS:
+                meta = P.info(rel)
+                run = meta.get("run_id", "")
+            copy = "this build" if path == P.build_path(rel) else "reference"
+            chapters = ", ".join(_readers(name)) or "-"
+            size = path.stat().st_size
+            size_text = f"{size / 1e6:.1f} MB" if size >= 1e6 else f"{size / 1e3:.0f} kB"
+            rows.append(
+                f"| `{rel}` | {producer(rel) or 'unknown'} | {copy} | {size_text} | {chapters} | {run or '-'} |"
+            )
+    head = "| file | written by | copy | size | read by | run |\n|---|---|---|---|---|---|"
+    return head + "\n" + "\n".join(rows) + "\n", read
+
+
+def _minutes(seconds: float | None) -> str:
+    return f"{seconds / 60:.0f} min" if seconds else "-"
+
+
+def results_summary_md() -> tuple[str, list[Path]]:
+    """What the CPU path reaches and in how long, from the promoted files (this build's copy first)."""
+    read: list[Path] = []
+
+    def load(name):
+        p = P.find_optional(name)
+        if p is None:
+            return None
+        read.append(p)
+        return P.load_json(name)
+
+    rows = []
+    card = load("logs/record_dataset.json")
+    if card:
+        s = card.get("summary") or {}
+        cfg = card.get("config") or {}
+        first = int(cfg.get("init_state_offset", 0))
+        last = first + int(cfg.get("episodes_per_task", 1)) - 1
+        wall = card.get("job_wall_s") or s.get("wall_s")
+        rows.append(
+            (
+                "record demonstrations (scripted expert)",
+                f"{card['total_episodes']} episodes, {card['total_frames']} frames, {card['total_tasks']} tasks, "
+                f"init states {first} to {last}; the expert succeeded on "
+                f"{P.success(s.get('episodes', 0), s.get('items', 0)).split(' (')[0]} of its attempts",
+                _minutes(wall),
+                P.origin("logs/record_dataset.json"),
+            )
+        )
+    summary = load("logs/train_cpu_summary.json")
+    if summary:
+        best = (summary.get("best") or {}).get("val_action_mae")
+        rows.append(
+            (
+                "train the mini policy",
+                f"{summary['steps_done']} steps at batch {summary['batch_size']}; loss {summary['first_loss']:.2f} to "
+                f"{summary['last_loss']:.3f}" + (f", best validation action error {best:.3f}" if best else ""),
+                _minutes(summary.get("wall_s")),
+                P.origin("logs/train_cpu_summary.json"),
+            )
+        )
+    ev = load("logs/eval_mini_results.json")
+    if ev:
+        rows.append(
+            (
+                "evaluate it in LIBERO (libero_spatial)",
+                P.evaluation_success("logs/eval_mini_results.json"),
+                _minutes(ev.get("wall_s")),
+                P.origin("logs/eval_mini_results.json"),
+            )
+        )
+    total = sum(
+        float(x or 0)
+        for x in (
+            card and (card.get("job_wall_s") or (card.get("summary") or {}).get("wall_s")),
+            summary and summary.get("wall_s"),
+            ev and ev.get("wall_s"),
+        )
+    )
+    best = None
+    for name in ("logs/zoo_cpu_demos.json", "logs/zoo_cpu_long.json", "logs/zoo_cpu.json"):
+        z = load(name)
+        if not z:
+            continue
+        for r in z["rows"]:
+            key = (r.get("ci95_low") or 0, r.get("success_rate") or 0)
+            if best is None or key > best[0]:
+                best = (key, name, z, r)
+    if best:
+        _, name, z, r = best
+        demos = (z.get("config") or {}).get("demonstrations") or {}
+        seen = demos.get("eval_pairs_seen")
+        rows.append(
+            (
+                f"the best result with more budget ({r['family']}, chapter 9)",
+                f"{P.success(r['successes'], r['episodes'], seen)}; {demos.get('episodes', '?')} demonstrations, "
+                f"{r['steps']} steps at batch {r['batch_size']}",
+                f"{r['train_min']:.0f} min of training",
+                P.origin(name),
+            )
+        )
+    out = "| stage | result | time | from |\n|---|---|---|---|\n"
+    out += "\n".join(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows) + "\n"
+    if total:
+        out += (
+            f"\nThe main job's three stages took {total / 60:.0f} minutes of wall time in all on the machine "
+            "that ran them (a 2-core CPU for the reference run).\n"
+        )
+    return out, read
+
+
+def facts_md() -> tuple[str, list[Path]]:
+    """Every fact of the registry with its value, unit, source and a link to that source."""
+    from tutorial_utils import facts
+
+    rows = []
+    for name in sorted(facts.FACTS):
+        key = facts.reference(name)
+        label, url = facts.REFERENCES[key]
+        f = facts.fact(name)
+        rows.append(
+            f"| `{name}` | {facts.text(name)} {f['unit']} | {facts.source_text(name).replace('|', '/')} | "
+            f"[{label}]({url}) |"
+        )
+    return "| fact | value | where it is stated | source |\n|---|---|---|---|\n" + "\n".join(rows) + "\n", []
