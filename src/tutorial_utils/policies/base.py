@@ -52,6 +52,16 @@ BATCH_ACTION_IS_PAD = "action_is_pad"
 BATCH_TASK = "task"
 BATCH_CAMERAS = (BATCH_IMAGE, BATCH_WRIST)
 BATCH_KEYS = (BATCH_IMAGE, BATCH_WRIST, BATCH_STATE, BATCH_ACTION, BATCH_ACTION_IS_PAD, BATCH_TASK)
+#: LeRobot's padding mask of a key read at several offsets (``observation.state_is_pad``: (T,) bool)
+PAD_SUFFIX = "_is_pad"
+#: an optional request key: the episode this observation belongs to. A served policy that keeps
+#: observation history (``n_obs_steps`` > 1) starts a new history when it changes; our LIBERO
+#: client sends a fresh one per episode (openpi's own client sends none: see ServedModel)
+EPISODE_KEY = "episode_id"
+#: an optional request key: record this observation in the history, predict nothing (the reply's
+#: chunk is empty). Our client sends the frames between two predictions this way, so the history
+#: a policy sees is one environment step apart, as in its training windows
+OBSERVE_ONLY_KEY = "observe_only"
 
 
 class PolicyUnavailable(TutorialError, RuntimeError):

@@ -186,6 +186,10 @@ class PolicyServer:
         logger.info(_logs.SERVER_CONNECTION_FROM.format(addr=addr))
         loop = asyncio.get_running_loop()
         await ws.send(packb(self.metadata))
+        # a new client starts a new episode: a policy that keeps observation history forgets it
+        reset = getattr(self.policy, "reset", None)
+        if callable(reset):
+            reset()
         prev_total = None
         while True:
             try:
