@@ -234,3 +234,25 @@ def test_the_evaluation_client_sends_every_frame_of_an_episode_to_a_history_poli
     # 6 steps, a prediction at steps 0, 2, 4 of each episode; the state is x = the step
     assert seen == [[0, 0, 0], [0, 1, 2], [2, 3, 4]] * 2
     assert [b[BATCH_STATE + "_is_pad"][0].tolist() for b in model.batches[:2]] == [[True, True, False], [False] * 3]
+
+
+def test_openpis_episode_start_control_frame_is_acknowledged_and_resets_the_history():
+    """Current openpi's LIBERO loop calls ``client.episode_start(...)`` before each episode and
+    ``client.episode_end(...)`` after it: control frames ``{"__ctrl__": ...}`` that openpi's server
+    acknowledges with ``{"__ack__": ...}``. Ours does too, and an episode start resets the history."""
+    from tutorial_utils.serve.client import PolicyClient
+    from tutorial_utils.serve.server import ServerThread
+
+    model = RecordingModel(n_obs_steps=2)
+    with ServerThread(ServedModel(model)) as srv, PolicyClient(port=srv.port, connect_timeout=5) as c:
+        start = {"__ctrl__": "episode_start", "__experiment__": "libero_spatial", "__task__": "t", "__episode_id__": 0}
+        assert c.infer(start) == {"__ack__": "episode_start"}
+        c.infer(obs_at(0))
+        c.infer(obs_at(1))
+        assert model.batches[-1][BATCH_STATE][0, :, 0].tolist() == [0, 1]
+        assert c.infer({"__ctrl__": "episode_end", "__success__": True}) == {"__ack__": "episode_end"}
+        assert c.infer({**start, "__episode_id__": 1}) == {"__ack__": "episode_start"}
+        c.infer(obs_at(7))
+        assert model.batches[-1][BATCH_STATE][0, :, 0].tolist() == [7, 7]
+        assert c.infer({"__ctrl__": "something_new"}) == {"__ack__": "ignored"}
+        assert srv.server.errors == 0 and len(model.batches) == 3  # control frames reach no policy

@@ -56,7 +56,8 @@ BATCH_KEYS = (BATCH_IMAGE, BATCH_WRIST, BATCH_STATE, BATCH_ACTION, BATCH_ACTION_
 PAD_SUFFIX = "_is_pad"
 #: an optional request key: the episode this observation belongs to. A served policy that keeps
 #: observation history (``n_obs_steps`` > 1) starts a new history when it changes; our LIBERO
-#: client sends a fresh one per episode (openpi's own client sends none: see ServedModel)
+#: client sends a fresh one per episode (openpi's client signals episodes with a control frame
+#: instead: see ``PolicyServer._control`` and ``ServedModel``)
 EPISODE_KEY = "episode_id"
 #: an optional request key: record this observation in the history, predict nothing (the reply's
 #: chunk is empty). Our client sends the frames between two predictions this way, so the history

@@ -148,12 +148,14 @@ class ServedModel(Policy):
     A model with ``n_obs_steps`` > 1 sees the last ``n_obs_steps`` observations of the episode,
     kept here: before the episode has that many, the first one is repeated and marked as padding
     (what the training windows and LeRobot's ``select_action`` do). The history starts again on
-    :meth:`reset` (the server calls it on every new connection), when a request's ``episode_id``
-    changes (our LIBERO client sends one per episode) and when the prompt changes. A request with
-    ``observe_only`` set only joins the history (the reply's chunk is empty): our client sends the
-    frames between two predictions that way, so the history is one environment step apart as in
-    training. A client that sends neither (openpi's own LIBERO loop) gets a history of the frames it
-    asks about, ``replan_steps`` apart, and across episodes of one task on one connection.
+    :meth:`reset` (the server calls it on every new connection and on openpi's ``episode_start``
+    control frame, which current openpi's LIBERO loop sends before each episode), when a request's
+    ``episode_id`` changes (our LIBERO client sends one per episode) and when the prompt changes. A
+    request with ``observe_only`` set only joins the history (the reply's chunk is empty): our client
+    sends the frames between two predictions that way, so the history is one environment step apart
+    as in training. openpi's client sends only the frames it predicts from, so there the history is
+    ``replan_steps`` apart (and an older client without ``episode_start``, like PyPI's openpi-client
+    0.1.2, carries it across the episodes of one task on one connection).
     """
 
     def __init__(
