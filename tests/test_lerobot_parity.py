@@ -12,6 +12,9 @@ what LeRobot's own training path builds: ``LeRobotDataset`` with the ``delta_tim
 ``make_pre_post_processors`` with that dataset's own statistics. The same seeded ``policy.forward``
 on both batches gives the same loss.
 
+Then LeRobot's own training loop (``lerobot.scripts.lerobot_train``) trains a tiny ACT on the converted
+recording, and our server serves that checkpoint, predicting what LeRobot's own policy predicts.
+
 Needs LeRobot 0.4.4 with its dataset dependencies (HF ``datasets``) and a video decoder LeRobot can
 use here (``torchcodec``; its ``pyav`` backend needs ``torchvision.io.VideoReader``, which the
 installed torchvision no longer has)."""
@@ -131,3 +134,85 @@ def test_our_batch_is_lerobots_batch(name, recordings):
     torch.manual_seed(0)
     loss_theirs, _ = twin.forward(dict(theirs))
     torch.testing.assert_close(loss_ours, loss_theirs, rtol=1e-5, atol=1e-6)
+
+
+# --- LeRobot's own training loop, served by our server ------------------------------------------------
+
+#: LeRobot's training script, after the project's torchvision workaround (without it the script dies
+#: importing torchvision: "operator torchvision::nms does not exist", the CUDA wheel's ops library
+#: beside the CPU torch; policies/_torchvision.py)
+LEROBOT_TRAIN = (
+    "import sys; from tutorial_utils.policies._torchvision import ensure_importable; ensure_importable(); "
+    "from lerobot.scripts.lerobot_train import main; sys.argv = ['lerobot_train', *sys.argv[1:]]; main()"
+)
+
+
+def test_act_trained_by_lerobots_own_loop_is_served_by_our_server(recordings, tmp_path):
+    """``lerobot.scripts.lerobot_train`` (2 steps of a tiny ACT on the converted recording) writes its
+    ``pretrained_model``; :func:`from_lerobot_pretrained` loads it into our ACT adapter, which saves a
+    checkpoint our server serves; the served chunk equals LeRobot's own ``from_pretrained`` policy with
+    its own saved processors on the same observation."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+    from lerobot.policies.act.modeling_act import ACTPolicy as LeRobotACT
+    from lerobot.policies.factory import make_pre_post_processors
+
+    from helpers import openpi_observation
+    from tutorial_utils import policies
+    from tutorial_utils.data.libero_schema import action_to_env
+    from tutorial_utils.policies.lerobot import from_lerobot_pretrained
+    from tutorial_utils.train.data import open_dataset
+
+    ours_root, converted = recordings
+    tiny = {"chunk_size": 8, "n_action_steps": 4, "dim_model": 32, "n_heads": 2, "dim_feedforward": 64}
+    tiny |= {"n_encoder_layers": 1, "n_vae_encoder_layers": 1, "latent_dim": 8}
+    args = [f"--policy.{k}={v}" for k, v in tiny.items()]
+    args += ["--dataset.repo_id=synth", f"--dataset.root={converted}", "--dataset.video_backend=torchcodec"]
+    args += ["--policy.type=act", "--policy.device=cpu", "--policy.push_to_hub=false"]
+    args += ["--policy.pretrained_backbone_weights=null", "--steps=2", "--batch_size=2", "--num_workers=0"]
+    args += [
+        "--save_freq=2",
+        "--log_freq=1",
+        "--eval_freq=0",
+        "--wandb.enable=false",
+        f"--output_dir={tmp_path / 'lr'}",
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", LEROBOT_TRAIN, *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    pretrained = tmp_path / "lr" / "checkpoints" / "last" / "pretrained_model"
+    assert (pretrained / "model.safetensors").is_file()
+
+    model = from_lerobot_pretrained(pretrained, open_dataset(ours_root, run_dir=None).statistics)
+    assert model.name == "act" and model.image_size == SIZE and model.cfg.chunk_size == 8
+    model.save(tmp_path / "ours")
+    served = policies.make_policy("act", checkpoint=str(tmp_path / "ours"))
+    obs = openpi_observation(SIZE)
+    got = served.infer(obs)["actions"]
+
+    theirs = LeRobotACT.from_pretrained(pretrained).eval()
+    pre, post = make_pre_post_processors(theirs.config, pretrained_path=str(pretrained))
+    batch = {
+        "observation.images.image": torch.from_numpy(obs["observation/image"]).permute(2, 0, 1)[None].float() / 255,
+        "observation.images.wrist_image": torch.from_numpy(obs["observation/wrist_image"]).permute(2, 0, 1)[None]
+        / 255.0,
+        "observation.state": torch.from_numpy(obs["observation/state"])[None],
+        "task": [obs["prompt"]],
+    }
+    with torch.no_grad():
+        want = post(theirs.predict_action_chunk(pre(batch)))[0].numpy()
+    assert got.shape == (8, 7) and served.metadata["replan_steps"] == 4
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    # and what our websocket server sends an openpi client (robosuite's gripper convention; compared
+    # inside the environment's [-1, 1] range, which the server may clip to)
+    from tutorial_utils.serve.client import PolicyClient
+    from tutorial_utils.serve.server import ServerThread
+
+    with ServerThread(served) as srv, PolicyClient(port=srv.port, connect_timeout=5) as c:
+        sent = np.clip(c.infer(obs)["actions"], -1, 1)
+        np.testing.assert_allclose(sent, np.clip(action_to_env(want, "dataset"), -1, 1), rtol=0, atol=1e-5)

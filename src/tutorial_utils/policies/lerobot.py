@@ -708,6 +708,14 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
         check_checkpoint_features(directory)
         return super().load(directory, device=device)
 
+    def lerobot_kwargs_applied(self) -> dict:
+        """The LeRobot config parameters this model was built with, as ``config.json`` writes them."""
+        out = {}
+        for k in self.cfg.lerobot_kwargs():
+            v = getattr(self.lerobot_config, k, None)
+            out[k] = list(v) if isinstance(v, tuple) else v
+        return out
+
     def export_pretrained(self, directory) -> Path:
         """Also write LeRobot's own layout (``policy.save_pretrained`` + its processors) into
         ``directory``, for LeRobot's tools (``lerobot-eval --policy.path=...``)."""
@@ -748,6 +756,50 @@ def check_checkpoint_features(directory) -> None:
                 f"the weights in {WEIGHTS_FILE} were trained on {shape}. Restore image_size={shape[-1]} in "
                 "config.json, or retrain for the new size."
             )
+
+
+def from_lerobot_pretrained(directory, statistics: Mapping[str, Any], family: str | None = None) -> LeRobotPolicy:
+    """A policy trained by LeRobot's own training loop (``lerobot-train``), as this project's model.
+
+    ``directory`` is LeRobot's ``checkpoints/<step>/pretrained_model`` (its ``config.json`` and
+    ``model.safetensors``); ``statistics`` our ``dataset_statistics.json`` of the recording it was
+    trained on (the converted recording's statistics are the same numbers:
+    ``tests/test_lerobot_parity.py``). The weights load into the family's adapter with the same
+    parameters, so ``save`` writes a checkpoint our server serves (``serve --policy act --checkpoint
+    ...``). Refuses, naming the parameter, a LeRobot config our family cannot express."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from tutorial_utils.policies import family as family_class
+
+    d = Path(directory)
+    theirs = json.loads((d / "config.json").read_text())
+    name = family or str(theirs.get("type", ""))
+    cls = family_class(name)
+    if not issubclass(cls, LeRobotPolicy) or cls.lerobot_type != theirs.get("type"):
+        raise CheckpointError(f"{d / 'config.json'}: type {theirs.get('type')!r} is not the {name!r} family's")
+    fields = {f.name for f in dataclasses.fields(cls.config_class)}
+    cfg = {k: v for k, v in theirs.items() if k in fields}
+    shapes = [tuple(f["shape"]) for f in (theirs.get("input_features") or {}).values() if f.get("type") == "VISUAL"]
+    if not shapes:
+        raise CheckpointError(f"{d / 'config.json'}: no VISUAL input feature; this project's families read cameras")
+    shape = shapes[0]
+    cfg["image_size"] = int(shape[1] if shape[0] == 3 else shape[0])  # (3, S, S), or (S, S, 3) from "rgb" names
+    if isinstance(cfg.get("down_dims"), list):
+        cfg["down_dims"] = [int(x) for x in cfg["down_dims"]]
+    if "crop_shape" in theirs and "crop_ratio" in fields:
+        crop = theirs["crop_shape"]
+        cfg["crop_ratio"] = 1.0 if crop is None else float(crop[0]) / cfg["image_size"]
+    model = cls.build(cfg, statistics)
+    missing = [k for k, v in model.lerobot_kwargs_applied().items() if theirs.get(k, v) != v]
+    if missing:
+        raise CheckpointError(
+            f"{d / 'config.json'}: {', '.join(missing)} differ from what the {name!r} family builds; it cannot serve "
+            "these weights as they were trained"
+        )
+    model.policy.load_state_dict(load_file(str(d / "model.safetensors")))
+    return model.eval()
 
 
 class ACTPolicy(LeRobotPolicy):
