@@ -256,3 +256,13 @@ def test_openpis_episode_start_control_frame_is_acknowledged_and_resets_the_hist
         assert model.batches[-1][BATCH_STATE][0, :, 0].tolist() == [7, 7]
         assert c.infer({"__ctrl__": "something_new"}) == {"__ack__": "ignored"}
         assert srv.server.errors == 0 and len(model.batches) == 3  # control frames reach no policy
+
+
+def test_time_windows_survive_pickling_for_spawned_dataloader_workers():
+    import pickle
+
+    src = TimeWindows(numbered_source(), [-1, 0], [-1, 0, 1])
+    again = pickle.loads(pickle.dumps(src))
+    assert len(again) == len(src) and again.frame_episode.tolist() == src.frame_episode.tolist()
+    for key in (BATCH_STATE, BATCH_ACTION, BATCH_STATE + "_is_pad"):
+        np.testing.assert_array_equal(again.get(5, 3)[key], src.get(5, 3)[key])
