@@ -199,7 +199,8 @@ def test_families_are_registered_with_their_own_parameters():
     cfg = TrainConfig.from_overrides({"policy": "act", "chunk_size": "12", "policy.n_action_steps": 6, "steps": 3})
     assert cfg.policy_config.chunk_size == 12 and cfg.policy_config.action_horizon == 12
     cfg = TrainConfig.from_overrides({"policy": "diffusion", "horizon": 32, "num_inference_steps": 5})
-    assert cfg.policy_config.action_horizon == 32 and cfg.policy_config.num_inference_steps == 5
+    # the UNet denoises 32 actions from t - 1 (2 observation frames): 31 from the current frame on
+    assert cfg.policy_config.action_horizon == 31 and cfg.policy_config.num_inference_steps == 5
     cfg = TrainConfig.from_overrides({"policy": "vqbet", "action_chunk_size": 6, "camera": "wrist_image"})
     assert cfg.policy_config.action_horizon == 6
     table = parameters_table("act")
