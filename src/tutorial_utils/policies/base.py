@@ -15,6 +15,8 @@ evaluation client how to drive it:
 ``replan_steps``       how many actions of each chunk the client executes before asking again
 ``gripper``            ``"robosuite"`` (-1 open, +1 close) or ``"dataset"`` (1 open, -1 close)
 ``needs_privileged``   the client adds ``privileged`` (simulator state) to the observation
+``n_obs_steps``        observation frames the policy sees (trained models; > 1: it keeps the
+                       episode's history, and our client sends every frame, see ``ServedModel``)
 =====================  ==========================================================================
 
 :class:`~tutorial_utils.policies.trainable.TrainablePolicy` (training, in ``trainable.py``). A torch module built from a typed config (a dataclass
