@@ -70,8 +70,11 @@ TINY = {
         "spatial_softmax_num_keypoints": 8,
     },
 }
-#: (action_horizon, served replan_steps) of each TINY config
-CHUNKS = {"act": (8, 4), "diffusion": (8, 4), "vqbet": (4, 4)}
+#: (action_horizon, served replan_steps) of each TINY config (Diffusion: horizon 8 from t - 1, with its
+#: recipe's 2 observation frames, so 7 actions from the current frame on)
+CHUNKS = {"act": (8, 4), "diffusion": (7, 4), "vqbet": (4, 4)}
+#: each family's recipe history (LeRobot 0.4.4's n_obs_steps defaults), kept at the tiny sizes
+N_OBS = {"act": 1, "diffusion": 2, "vqbet": 5}
 RUN = {
     "steps": 2,
     "batch_size": 4,
@@ -132,6 +135,7 @@ def test_family_trains_through_the_trainer_saves_reloads_and_serves(name, traine
     assert isinstance(model, LeRobotPolicy) and model.name == name
     horizon, replan = CHUNKS[name]
     assert model.action_horizon == horizon and model.image_size == SIZE
+    assert model.n_obs_steps == N_OBS[name] == model.lerobot_config.n_obs_steps
     if name == "vqbet":  # phase 1 (the residual VQ) ran one step and is done; a resumed run knows it
         assert model._vqvae.optimized_steps == 1 and bool(model._vqvae.discretized)
 
@@ -141,7 +145,7 @@ def test_family_trains_through_the_trainer_saves_reloads_and_serves(name, traine
     actions = served.infer(observation())["actions"]
     assert actions.shape == (horizon, 7) and actions.dtype == np.float32 and np.isfinite(actions).all()
     assert served.metadata["replan_steps"] == replan and served.metadata["action_horizon"] == horizon
-    assert served.metadata["image_size"] == SIZE
+    assert served.metadata["image_size"] == SIZE and served.metadata["n_obs_steps"] == N_OBS[name]
     batch = {
         "observation.images.image": observation()["observation/image"][None],
         "observation.images.wrist_image": observation()["observation/wrist_image"][None],
@@ -153,6 +157,22 @@ def test_family_trains_through_the_trainer_saves_reloads_and_serves(name, traine
     a = model.predict(batch, generator=torch.Generator().manual_seed(3))
     b = again.predict(batch, generator=torch.Generator().manual_seed(3))
     np.testing.assert_array_equal(a, b)
+    assert a.shape == (1, horizon, 7)
+    if N_OBS[name] > 1:
+        # one frame is the history of an episode's first step (repeated, as LeRobot's select_action
+        # fills its queues); a history of different frames predicts differently
+        t = N_OBS[name]
+        rep = {k: np.repeat(np.asarray(v)[:, None], t, 1) if k != "task" else v for k, v in batch.items()}
+        np.testing.assert_array_equal(model.predict(rep, generator=torch.Generator().manual_seed(3)), a)
+        hist = dict(rep)
+        hist["observation.images.image"] = rep["observation.images.image"].copy()
+        hist["observation.images.image"][:, 0] = 255 - hist["observation.images.image"][:, 0]
+        hist["observation.state"] = rep["observation.state"].copy()
+        hist["observation.state"][:, 0] += 1.0
+        other = model.predict(hist, generator=torch.Generator().manual_seed(3))
+        assert other.shape == a.shape and np.abs(other - a).max() > 0  # the earlier frames reach the model
+        with pytest.raises(ObservationError, match=f"n_obs_steps={t}"):
+            model.predict({**rep, "observation.state": rep["observation.state"][:, :1].repeat(t + 1, 1)})
 
 
 def test_the_exported_lerobot_checkpoint_reloads_with_lerobot(trained, tmp_path):
@@ -179,7 +199,8 @@ def test_families_are_registered_with_their_own_parameters():
     cfg = TrainConfig.from_overrides({"policy": "act", "chunk_size": "12", "policy.n_action_steps": 6, "steps": 3})
     assert cfg.policy_config.chunk_size == 12 and cfg.policy_config.action_horizon == 12
     cfg = TrainConfig.from_overrides({"policy": "diffusion", "horizon": 32, "num_inference_steps": 5})
-    assert cfg.policy_config.action_horizon == 32 and cfg.policy_config.num_inference_steps == 5
+    # the UNet denoises 32 actions from t - 1 (2 observation frames): 31 from the current frame on
+    assert cfg.policy_config.action_horizon == 31 and cfg.policy_config.num_inference_steps == 5
     cfg = TrainConfig.from_overrides({"policy": "vqbet", "action_chunk_size": 6, "camera": "wrist_image"})
     assert cfg.policy_config.action_horizon == 6
     table = parameters_table("act")
@@ -207,8 +228,10 @@ def test_a_family_specific_parameter_given_to_another_family_is_named():
 def test_config_checks_name_the_parameter():
     with pytest.raises(ConfigError, match="n_action_steps=20 must be <= chunk_size=16"):
         TrainConfig.from_overrides({"policy": "act", "n_action_steps": 20})
-    with pytest.raises(ConfigError, match="n_obs_steps=2"):
-        TrainConfig.from_overrides({"policy": "diffusion", "n_obs_steps": 2})
+    with pytest.raises(ConfigError, match="n_obs_steps=2: LeRobot's ACT reads one observation frame"):
+        TrainConfig.from_overrides({"policy": "act", "n_obs_steps": 2})
+    with pytest.raises(ConfigError, match="n_obs_steps=0 must be >= 1"):
+        TrainConfig.from_overrides({"policy": "vqbet", "n_obs_steps": 0})
     with pytest.raises(ConfigError, match="horizon=12 must be a multiple of 2\\*\\*len\\(down_dims\\)=8"):
         TrainConfig.from_overrides({"policy": "diffusion", "horizon": 12})
     with pytest.raises(ConfigError, match="camera='side'"):

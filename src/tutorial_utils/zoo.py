@@ -161,7 +161,8 @@ def time_family(
     src = synthetic_source(n_episodes=4, length=24, image_size=size)
     model = policies.make(name, overrides or None, src.statistics)
     build_s = time.perf_counter() - t0
-    ds = WindowDataset(src, np.arange(len(src)), model.action_horizon, model.image_size)
+    windows = model.training_source(src) if hasattr(model, "training_source") else src  # the family's own windows
+    ds = WindowDataset(windows, np.arange(len(src)), model.action_horizon, model.image_size)
     rng = np.random.default_rng(0)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     model.train()

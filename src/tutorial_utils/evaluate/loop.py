@@ -198,6 +198,9 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
 
         dit4dit, gripper = client_statistics(cfg.statistics, cfg.checkpoint, meta), "robosuite"
     needs_priv = bool(meta.get("needs_privileged"))
+    # a policy with observation history (metadata n_obs_steps > 1) also gets the frames between two
+    # predictions, marked observe_only, so its history is one step apart as in training (openpi only)
+    history = int(meta.get("n_obs_steps") or 1) > 1 and dit4dit is None
     episode_id = uuid.uuid4().hex
     obs = env.reset(init_state)
     client.reset()
@@ -211,6 +214,17 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
         primary, wrist = env.images(obs)
         if cfg.videos:
             frames.append(primary)
+        if history and plan:
+            client.infer(
+                {
+                    P.IMAGE_KEY: resize(primary, image_size),
+                    P.WRIST_KEY: resize(wrist, image_size),
+                    P.STATE_KEY: np.asarray(env.state_vector(obs), dtype=np.float32),
+                    P.PROMPT_KEY: env.task_language,
+                    P.EPISODE_KEY: episode_id,
+                    P.OBSERVE_ONLY_KEY: True,
+                }
+            )
         if not plan:
             request = {
                 P.IMAGE_KEY: primary if dit4dit else resize(primary, image_size),
@@ -218,6 +232,8 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
                 P.STATE_KEY: np.asarray(env.state_vector(obs), dtype=np.float32),
                 P.PROMPT_KEY: env.task_language,
             }
+            if dit4dit is None:  # the episode, for a server that keeps observation history (openpi ignores it)
+                request[P.EPISODE_KEY] = episode_id
             if needs_priv:
                 request[P.PRIVILEGED_KEY] = {
                     "episode_id": episode_id,

@@ -15,6 +15,8 @@ evaluation client how to drive it:
 ``replan_steps``       how many actions of each chunk the client executes before asking again
 ``gripper``            ``"robosuite"`` (-1 open, +1 close) or ``"dataset"`` (1 open, -1 close)
 ``needs_privileged``   the client adds ``privileged`` (simulator state) to the observation
+``n_obs_steps``        observation frames the policy sees (trained models; > 1: it keeps the
+                       episode's history, and our client sends every frame, see ``ServedModel``)
 =====================  ==========================================================================
 
 :class:`~tutorial_utils.policies.trainable.TrainablePolicy` (training, in ``trainable.py``). A torch module built from a typed config (a dataclass
@@ -52,6 +54,17 @@ BATCH_ACTION_IS_PAD = "action_is_pad"
 BATCH_TASK = "task"
 BATCH_CAMERAS = (BATCH_IMAGE, BATCH_WRIST)
 BATCH_KEYS = (BATCH_IMAGE, BATCH_WRIST, BATCH_STATE, BATCH_ACTION, BATCH_ACTION_IS_PAD, BATCH_TASK)
+#: LeRobot's padding mask of a key read at several offsets (``observation.state_is_pad``: (T,) bool)
+PAD_SUFFIX = "_is_pad"
+#: an optional request key: the episode this observation belongs to. A served policy that keeps
+#: observation history (``n_obs_steps`` > 1) starts a new history when it changes; our LIBERO
+#: client sends a fresh one per episode (openpi's client signals episodes with a control frame
+#: instead: see ``PolicyServer._control`` and ``ServedModel``)
+EPISODE_KEY = "episode_id"
+#: an optional request key: record this observation in the history, predict nothing (the reply's
+#: chunk is empty). Our client sends the frames between two predictions this way, so the history
+#: a policy sees is one environment step apart, as in its training windows
+OBSERVE_ONLY_KEY = "observe_only"
 
 
 class PolicyUnavailable(TutorialError, RuntimeError):

@@ -26,8 +26,16 @@ trainer, checkpoints, policy server and LIBERO client drive LeRobot's implementa
   ``save_pretrained`` layout for LeRobot's tools.
 
 Everything runs offline: ``pretrained_backbone_weights`` stays None (backbones learn from scratch)
-unless torchvision's weights file is already in the torch hub cache. One observation frame per
-sample (``n_obs_steps=1``): the seam's windows give the current frame and the action chunk.
+unless torchvision's weights file is already in the torch hub cache.
+
+Observation history is each family's recipe (LeRobot's ``n_obs_steps`` default): ACT 1, Diffusion
+Policy 2, VQ-BeT 5. The training windows are LeRobot's: :meth:`LeRobotPolicy.training_source` reads
+the family's own ``observation_delta_indices`` / ``action_delta_indices`` from LeRobot's config
+(Diffusion with 2 frames: observations at t-1, t and actions t-1 .. t+14), clamped into the episode
+with ``*_is_pad`` masks as ``LeRobotDataset`` does. ``predict`` takes (B, T, ...) histories (or one
+frame, repeated as ``select_action`` does at an episode's start) and returns the chunk from the
+current frame on; the served policy keeps the episode's history
+(:class:`~tutorial_utils.policies.trainable.ServedModel`).
 
 LeRobot is imported only when a model is built (``pip install --no-deps -r
 requirements-lerobot04.txt``, done by ``make setup``), so listing the families and their parameters
@@ -56,6 +64,7 @@ from tutorial_utils.policies.base import (
     BATCH_STATE,
     BATCH_TASK,
     BATCH_WRIST,
+    PAD_SUFFIX,
     STATE_DIM,
     CheckpointError,
     ObservationError,
@@ -92,12 +101,8 @@ def _check_common(cfg: Any) -> None:
             f"image_size={cfg.image_size} must be >= 32: the ResNet backbone downsamples by 32 (32 px leaves "
             "a 1x1 feature map)"
         )
-    if cfg.n_obs_steps != 1:
-        raise ConfigError(
-            f"n_obs_steps={cfg.n_obs_steps}: the training windows give the current frame only, so use "
-            "n_obs_steps=1 (LeRobot's ACT supports only 1; more for Diffusion or VQ-BeT would need the data "
-            "reader to give earlier frames too)."
-        )
+    if cfg.n_obs_steps < 1:
+        raise ConfigError(f"n_obs_steps={cfg.n_obs_steps} must be >= 1 (the current frame and the ones before it)")
     if cfg.vision_backbone not in _RESNETS:
         raise ConfigError(f"vision_backbone={cfg.vision_backbone!r}: LeRobot uses torchvision ResNets: {_RESNETS}")
 
@@ -161,6 +166,11 @@ class ACTConfig:
             raise ConfigError(f"n_action_steps={self.n_action_steps} must be <= chunk_size={self.chunk_size}")
         if self.dim_model % self.n_heads:
             raise ConfigError(f"n_heads={self.n_heads} must divide dim_model={self.dim_model}")
+        if self.n_obs_steps != 1:
+            raise ConfigError(
+                f"n_obs_steps={self.n_obs_steps}: LeRobot's ACT reads one observation frame (its config refuses "
+                "more); use n_obs_steps=1, or Diffusion (2) / VQ-BeT (5) for observation history."
+            )
 
     def lerobot_kwargs(self) -> dict:
         return _same_names(self, skip=("image_size",))
@@ -202,7 +212,11 @@ class DiffusionConfig:
     n_action_steps: int = param(
         8, "actions of each chunk executed before predicting again (the served replan_steps; LeRobot: 8)", "model"
     )
-    n_obs_steps: int = param(1, "observation frames per sample (LeRobot: 2; the training windows give 1)", "model")
+    n_obs_steps: int = param(
+        2,
+        "observation frames per sample, the current one and those before it, one step apart (LeRobot: 2)",
+        "model",
+    )
     num_inference_steps: int = param(
         10,
         "denoising steps per chunk at inference, one UNet pass each (guide: 10; LeRobot's DDPM "
@@ -237,7 +251,9 @@ class DiffusionConfig:
 
     @property
     def action_horizon(self) -> int:
-        return self.horizon
+        # the UNet denoises ``horizon`` actions from t - n_obs_steps + 1 (LeRobot's action_delta_indices);
+        # the chunk predicted from the current frame on is the rest
+        return self.horizon - self.n_obs_steps + 1
 
     def check(self) -> None:
         _check_common(self)
@@ -285,7 +301,11 @@ class VQBeTConfig:
         "actions per chunk, one VQ code each (the training window and the served replan_steps; LeRobot: 5)",
         "model",
     )
-    n_obs_steps: int = param(1, "observation frames per sample (LeRobot: 5; the training windows give 1)", "model")
+    n_obs_steps: int = param(
+        5,
+        "observation frames per sample, the current one and those before it, one step apart (LeRobot: 5)",
+        "model",
+    )
     n_vqvae_training_steps: int = param(
         500,
         "phase 1: the first N training steps fit only the residual VQ-VAE on action chunks (cheap, no images), "
@@ -317,9 +337,9 @@ class VQBeTConfig:
 
     @property
     def action_horizon(self) -> int:
-        # LeRobot's window is n_action_pred_token + action_chunk_size - 1 actions from the current step
-        # (with n_obs_steps=1); the adapter predicts one token (n_action_pred_token=1), so the window is
-        # the chunk that predict_action_chunk returns
+        # LeRobot's window is n_obs_steps - 1 past actions then n_action_pred_token + action_chunk_size - 1
+        # from the current step; the adapter predicts one token (n_action_pred_token=1), so the chunk that
+        # predict_action_chunk returns is the window's last action_chunk_size actions
         return self.action_chunk_size
 
     def check(self) -> None:
@@ -519,6 +539,28 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
     def replan_steps(self) -> int:
         return int(self.cfg.n_action_steps)
 
+    @property
+    def observation_delta_indices(self) -> list[int]:
+        """Frame offsets of the observations in a training window: LeRobot's own
+        ``observation_delta_indices`` of this config (None there means the current frame)."""
+        return list(self.lerobot_config.observation_delta_indices or [0])
+
+    @property
+    def action_delta_indices(self) -> list[int]:
+        """Frame offsets of the actions in a training window (LeRobot's ``action_delta_indices``);
+        the predicted chunk is its last :attr:`action_horizon` actions."""
+        return list(self.lerobot_config.action_delta_indices)
+
+    def training_source(self, source: Any):
+        """The windows this family trains on: LeRobot's ``delta_timestamps`` windows when they are more
+        than the current frame and the next ``action_horizon`` actions, else ``source`` unchanged."""
+        from tutorial_utils.policies.trainable import TimeWindows
+
+        obs, act = self.observation_delta_indices, self.action_delta_indices
+        if obs == [0] and act == list(range(self.action_horizon)):
+            return source
+        return TimeWindows(source, obs, act)
+
     def serving_policy(self, checkpoint: str = "", replan_steps: int | None = None, **kwargs: Any):
         """The seam's served model; ``replan_steps`` defaults to the family's ``n_action_steps``
         (what LeRobot's ``select_action`` executes of each chunk)."""
@@ -547,26 +589,37 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
         """Our batch (LeRobot's key names; uint8 HWC or float CHW images) -> LeRobot's input, normalised."""
         out: dict[str, Any] = {}
         s = self.cfg.image_size
+        t = self.n_obs_steps
         for cam in self.cameras:
             if cam not in batch:
                 raise ObservationError(
                     f"the batch has no {cam}; {self.name} reads the cameras {', '.join(self.cameras)}"
                 )
             x = _as_tensor(batch[cam])
-            if x.dtype == torch.uint8:
-                x = x.permute(0, 3, 1, 2).float() / 255.0  # uint8 (B, H, W, 3) -> float (B, 3, H, W) in [0, 1]
-            elif x.ndim == 4 and x.shape[1] != 3 and x.shape[-1] == 3:
-                x = x.permute(0, 3, 1, 2)
-            if tuple(x.shape[1:]) != (3, s, s):
+            if x.ndim not in (4, 5):
                 raise ObservationError(
-                    f"feature {cam}: got images of shape {tuple(x.shape[1:])} (channel-first), the {self.name!r} "
+                    f"feature {cam}: expected (B, H, W, 3) or (B, T, H, W, 3) images, got {tuple(x.shape)}"
+                )
+            if x.shape[-1] == 3 and x.shape[-3] != 3:
+                x = x.movedim(-1, -3)  # (..., H, W, 3) -> (..., 3, H, W)
+            if x.dtype == torch.uint8:
+                x = x.float() / 255.0  # uint8 -> float in [0, 1]
+            if tuple(x.shape[-3:]) != (3, s, s):
+                raise ObservationError(
+                    f"feature {cam}: got images of shape {tuple(x.shape[-3:])} (channel-first), the {self.name!r} "
                     f"model was built for (3, {s}, {s}) (image_size={s}). Resize the cameras to {s}x{s}."
                 )
-            out[self.lerobot_key(cam)] = x.float()
+            out[self.lerobot_key(cam)] = self._frames(x.float(), cam, t)
         state = _as_tensor(batch[BATCH_STATE], np.float32)
-        if state.ndim != 2 or state.shape[1] != STATE_DIM:
-            raise ObservationError(f"feature {BATCH_STATE}: expected (B, {STATE_DIM}), got {tuple(state.shape)}")
-        out[BATCH_STATE] = state
+        if state.ndim not in (2, 3) or state.shape[-1] != STATE_DIM:
+            raise ObservationError(
+                f"feature {BATCH_STATE}: expected (B, {STATE_DIM}) or (B, T, {STATE_DIM}), got {tuple(state.shape)}"
+            )
+        out[BATCH_STATE] = self._frames(state, BATCH_STATE, t)
+        for key in (*self.cameras, BATCH_STATE):  # LeRobot's dataset masks; its processors pass them through
+            pad = batch.get(key + PAD_SUFFIX)
+            if pad is not None and t > 1:
+                out[self.lerobot_key(key) + PAD_SUFFIX] = torch.as_tensor(np.asarray(pad, dtype=bool))
         if with_action:
             out[BATCH_ACTION] = _as_tensor(batch[BATCH_ACTION], np.float32)
             pad = batch.get(BATCH_ACTION_IS_PAD)
@@ -579,6 +632,22 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
         out[BATCH_TASK] = list(tasks) if tasks is not None else [""] * len(state)
         pre, _post = self.processors()
         return pre(out)
+
+    def _frames(self, x: torch.Tensor, key: str, t: int) -> torch.Tensor:
+        """A feature with the time axis the model reads: (B, ...) for one frame (n_obs_steps=1); with
+        history (B, T, ...), one frame given being repeated T times, as LeRobot's ``select_action``
+        fills its queues at an episode's first step."""
+        frame_ndim = 1 if key == BATCH_STATE else 3
+        if x.ndim == frame_ndim + 2:
+            if t == 1 and x.shape[1] == 1:
+                return x[:, 0]
+            if x.shape[1] != t:
+                raise ObservationError(
+                    f"feature {key}: got {x.shape[1]} observation frames, the {self.name!r} model reads "
+                    f"n_obs_steps={t}. Give (B, {t}, ...) or one frame (B, ...)."
+                )
+            return x
+        return x if t == 1 else x.unsqueeze(1).expand(-1, t, *x.shape[1:]).contiguous()
 
     @contextlib.contextmanager
     def _seeded(self, generator) -> Iterator[None]:
@@ -650,6 +719,14 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
         check_checkpoint_features(directory)
         return super().load(directory, device=device)
 
+    def lerobot_kwargs_applied(self) -> dict:
+        """The LeRobot config parameters this model was built with, as ``config.json`` writes them."""
+        out = {}
+        for k in self.cfg.lerobot_kwargs():
+            v = getattr(self.lerobot_config, k, None)
+            out[k] = list(v) if isinstance(v, tuple) else v
+        return out
+
     def export_pretrained(self, directory) -> Path:
         """Also write LeRobot's own layout (``policy.save_pretrained`` + its processors) into
         ``directory``, for LeRobot's tools (``lerobot-eval --policy.path=...``)."""
@@ -692,6 +769,50 @@ def check_checkpoint_features(directory) -> None:
             )
 
 
+def from_lerobot_pretrained(directory, statistics: Mapping[str, Any], family: str | None = None) -> LeRobotPolicy:
+    """A policy trained by LeRobot's own training loop (``lerobot-train``), as this project's model.
+
+    ``directory`` is LeRobot's ``checkpoints/<step>/pretrained_model`` (its ``config.json`` and
+    ``model.safetensors``); ``statistics`` our ``dataset_statistics.json`` of the recording it was
+    trained on (the converted recording's statistics are the same numbers:
+    ``tests/test_lerobot_parity.py``). The weights load into the family's adapter with the same
+    parameters, so ``save`` writes a checkpoint our server serves (``serve --policy act --checkpoint
+    ...``). Refuses, naming the parameter, a LeRobot config our family cannot express."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from tutorial_utils.policies import family as family_class
+
+    d = Path(directory)
+    theirs = json.loads((d / "config.json").read_text())
+    name = family or str(theirs.get("type", ""))
+    cls = family_class(name)
+    if not issubclass(cls, LeRobotPolicy) or cls.lerobot_type != theirs.get("type"):
+        raise CheckpointError(f"{d / 'config.json'}: type {theirs.get('type')!r} is not the {name!r} family's")
+    fields = {f.name for f in dataclasses.fields(cls.config_class)}
+    cfg = {k: v for k, v in theirs.items() if k in fields}
+    shapes = [tuple(f["shape"]) for f in (theirs.get("input_features") or {}).values() if f.get("type") == "VISUAL"]
+    if not shapes:
+        raise CheckpointError(f"{d / 'config.json'}: no VISUAL input feature; this project's families read cameras")
+    shape = shapes[0]
+    cfg["image_size"] = int(shape[1] if shape[0] == 3 else shape[0])  # (3, S, S), or (S, S, 3) from "rgb" names
+    if isinstance(cfg.get("down_dims"), list):
+        cfg["down_dims"] = [int(x) for x in cfg["down_dims"]]
+    if "crop_shape" in theirs and "crop_ratio" in fields:
+        crop = theirs["crop_shape"]
+        cfg["crop_ratio"] = 1.0 if crop is None else float(crop[0]) / cfg["image_size"]
+    model = cls.build(cfg, statistics)
+    missing = [k for k, v in model.lerobot_kwargs_applied().items() if theirs.get(k, v) != v]
+    if missing:
+        raise CheckpointError(
+            f"{d / 'config.json'}: {', '.join(missing)} differ from what the {name!r} family builds; it cannot serve "
+            "these weights as they were trained"
+        )
+    model.policy.load_state_dict(load_file(str(d / "model.safetensors")))
+    return model.eval()
+
+
 class ACTPolicy(LeRobotPolicy):
     """LeRobot's ACT (``lerobot.policies.act``): both cameras, the chunk is ``chunk_size`` long."""
 
@@ -724,14 +845,12 @@ class DiffusionPolicy(LeRobotPolicy):
     learning_rate = 1e-4
 
     def _training_batch(self, lb: dict) -> dict:
-        lb = dict(lb)
-        lb[BATCH_STATE] = lb[BATCH_STATE].unsqueeze(1)  # (B, n_obs_steps=1, 8); images: LeRobot adds the axis
-        return lb
+        return _with_time_axis(lb, (BATCH_STATE, *self.cameras))
 
     def _predict_chunk(self, lb: dict) -> torch.Tensor:
-        # LeRobot keeps n_action_steps of the horizon; the seam returns the whole chunk it trained on
-        # (the server executes n_action_steps of it), so ask for all of it during this call
-        return _queued_chunk(self.policy, lb, self.cameras, {"n_action_steps": self.cfg.horizon})
+        # LeRobot keeps n_action_steps of the horizon from the current frame on; the seam returns the
+        # whole chunk from there (the server executes n_action_steps of it), so ask for all of it
+        return _queued_chunk(self.policy, lb, self.cameras, {"n_action_steps": self.cfg.action_horizon})
 
 
 class VQBeTPolicy(LeRobotPolicy):
@@ -777,10 +896,7 @@ class VQBeTPolicy(LeRobotPolicy):
         return out
 
     def _training_batch(self, lb: dict) -> dict:
-        lb = dict(lb)
-        for key in (BATCH_STATE, *self.cameras):
-            lb[key] = lb[key].unsqueeze(1)  # (B, n_obs_steps=1, ...)
-        return lb
+        return _with_time_axis(lb, (BATCH_STATE, *self.cameras))
 
     def _predict_chunk(self, lb: dict) -> torch.Tensor:
         return _queued_chunk(self.policy, lb, self.cameras, {})
@@ -791,16 +907,28 @@ class VQBeTPolicy(LeRobotPolicy):
         return result
 
 
+def _with_time_axis(lb: dict, keys: tuple[str, ...]) -> dict:
+    """LeRobot's Diffusion and VQ-BeT read (B, n_obs_steps, ...) features; one frame gets the axis."""
+    lb = dict(lb)
+    for key in keys:
+        if lb[key].ndim == (2 if key == BATCH_STATE else 4):
+            lb[key] = lb[key].unsqueeze(1)
+    return lb
+
+
 def _queued_chunk(policy, lb: dict, cameras: tuple[str, ...], config_overrides: Mapping[str, Any]) -> torch.Tensor:
     """``predict_action_chunk`` of a LeRobot policy that reads its observation queues (Diffusion,
-    VQ-BeT): fill them with this one observation, as ``select_action`` does after ``reset()``."""
+    VQ-BeT): after ``reset()``, fill them frame by frame with the observation history (B, T, ...),
+    as ``select_action`` does over an episode's steps (one frame fills the whole queue)."""
     from lerobot.policies.utils import populate_queues
     from lerobot.utils.constants import OBS_IMAGES
 
     policy.reset()
-    b = {k: v for k, v in lb.items() if k != BATCH_ACTION}  # the preprocessor adds action=None
+    b = _with_time_axis({k: v for k, v in lb.items() if k != BATCH_ACTION}, (BATCH_STATE, *cameras))
+    b = {k: v for k, v in b.items() if PAD_SUFFIX not in k}  # the preprocessor adds action=None
     b[OBS_IMAGES] = torch.stack([b[k] for k in cameras], dim=-4)
-    policy._queues = populate_queues(policy._queues, b)
+    for t in range(b[BATCH_STATE].shape[1]):
+        policy._queues = populate_queues(policy._queues, {k: b[k][:, t] for k in policy._queues if k in b})
     saved = {k: getattr(policy.config, k) for k in config_overrides}
     try:
         for k, v in config_overrides.items():

@@ -4,11 +4,21 @@ for the serving interface and the batch keys)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from tutorial_utils.policies import checkpoint
-from tutorial_utils.policies.base import Policy, observation_to_batch
+from tutorial_utils.policies.base import (
+    BATCH_CAMERAS,
+    BATCH_STATE,
+    BATCH_TASK,
+    EPISODE_KEY,
+    OBSERVE_ONLY_KEY,
+    PAD_SUFFIX,
+    Policy,
+    observation_to_batch,
+)
 
 
 class TrainablePolicy:
@@ -116,6 +126,11 @@ class TrainablePolicy:
     def image_size(self) -> int:
         return int(self.cfg.image_size)
 
+    @property
+    def n_obs_steps(self) -> int:
+        """Observation frames per sample (the current one and the ones before it, one step apart)."""
+        return int(getattr(self.cfg, "n_obs_steps", 1) or 1)
+
     # -- shared
     @classmethod
     def build(cls, config: Any = None, statistics: Mapping[str, Any] | None = None):
@@ -171,11 +186,46 @@ def make_config(family: type, config: Any = None):
     )
 
 
+class TimeWindows:
+    """A training source whose windows have LeRobot's ``delta_timestamps`` shape: observations at
+    ``obs_deltas`` (frame offsets, e.g. ``[-1, 0]``: (T, H, W, 3) images, (T, 8) states and
+    ``<key>_is_pad`` masks) and actions at ``action_deltas`` (e.g. ``[-1, ..., 14]``), each index
+    clamped into its episode and marked as padding outside it. Everything else is the source's."""
+
+    def __init__(self, source: Any, obs_deltas, action_deltas):
+        self.source = source
+        self.obs_deltas = [int(d) for d in obs_deltas]
+        self.action_deltas = [int(d) for d in action_deltas]
+
+    def get(self, i: int, horizon: int) -> dict:
+        return self.source.get(i, horizon, obs_deltas=self.obs_deltas, action_deltas=self.action_deltas)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getattr__(self, name: str):
+        if name == "source":  # not set yet (unpickling in a DataLoader worker)
+            raise AttributeError(name)
+        return getattr(self.source, name)
+
+
 class ServedModel(Policy):
     """A :class:`TrainablePolicy` behind the serving interface: one observation in, one chunk out.
 
     ``replan_steps`` defaults to the whole chunk; ``seed`` fixes the initial noise of each call
     (None: random); ``gripper`` and ``image_size`` default to what the checkpoint's dataset said.
+
+    A model with ``n_obs_steps`` > 1 sees the last ``n_obs_steps`` observations of the episode,
+    kept here: before the episode has that many, the first one is repeated and marked as padding
+    (what the training windows and LeRobot's ``select_action`` do). The history starts again on
+    :meth:`reset` (the server calls it on every new connection and on openpi's ``episode_start``
+    control frame, which current openpi's LIBERO loop sends before each episode), when a request's
+    ``episode_id`` changes (our LIBERO client sends one per episode) and when the prompt changes. A
+    request with ``observe_only`` set only joins the history (the reply's chunk is empty): our client
+    sends the frames between two predictions that way, so the history is one environment step apart
+    as in training. openpi's client sends only the frames it predicts from, so there the history is
+    ``replan_steps`` apart (and an older client without ``episode_start``, like PyPI's openpi-client
+    0.1.2, carries it across the episodes of one task on one connection).
     """
 
     def __init__(
@@ -190,6 +240,36 @@ class ServedModel(Policy):
         self.model, self.checkpoint, self.seed = model, str(checkpoint or ""), seed
         self.name = model.name
         self._replan, self._gripper, self._image_size = replan_steps, gripper, image_size
+        self.n_obs_steps = int(getattr(model, "n_obs_steps", 1) or 1)
+        self._history: deque = deque(maxlen=self.n_obs_steps)
+        self._episode: tuple | None = None
+
+    def reset(self) -> None:
+        self._history.clear()
+        self._episode = None
+
+    def _batch(self, obs: dict[str, Any]) -> dict[str, Any]:
+        """The batch of one for this request: the observation, or the episode's last
+        ``n_obs_steps`` observations with a time axis (B=1, T, ...)."""
+        import numpy as np
+
+        batch = observation_to_batch(obs)
+        if self.n_obs_steps == 1:
+            return batch
+        episode = (obs.get(EPISODE_KEY), batch[BATCH_TASK][0])
+        if episode != self._episode:
+            self.reset()
+            self._episode = episode
+        self._history.append(batch)
+        frames = list(self._history)
+        missing = self.n_obs_steps - len(frames)
+        frames = [frames[0]] * missing + frames
+        pad = np.array([True] * missing + [False] * len(self._history))[None]
+        out: dict[str, Any] = {BATCH_TASK: batch[BATCH_TASK]}
+        for key in (*BATCH_CAMERAS, BATCH_STATE):
+            out[key] = np.stack([f[key][0] for f in frames])[None]
+            out[key + PAD_SUFFIX] = pad
+        return out
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -207,13 +287,18 @@ class ServedModel(Policy):
             "replan_steps": int(self._replan or h),
             "gripper": self._gripper or self.model.gripper,
             "checkpoint": shown,
+            "n_obs_steps": self.n_obs_steps,
         }
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
         import torch
 
+        batch = self._batch(obs)
+        if obs.get(OBSERVE_ONLY_KEY):
+            return {"actions": np.zeros((0, 7), np.float32)}
         gen = torch.Generator().manual_seed(self.seed) if self.seed is not None else None
-        return {"actions": self.model.predict(observation_to_batch(obs), generator=gen)[0]}
+        return {"actions": self.model.predict(batch, generator=gen)[0]}
 
     def normalize_actions(self, actions):
         """Robot units -> the normalised space of ``dataset_statistics.json`` (what a DiT4DiT

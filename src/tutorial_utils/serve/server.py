@@ -42,6 +42,8 @@ logger = logging.getLogger("tutorial_utils.serve")
 
 #: websockets' close code for a frame over ``max_size``
 CLOSE_MESSAGE_TOO_BIG = 1009
+#: the key of openpi's control frames (episode_start / episode_end): see PolicyServer._control
+CONTROL_KEY = "__ctrl__"
 #: an absolute POSIX path's folders (``/home/me/runs/x/``), kept out of error replies: what follows
 #: (the file name) stays. Not after a word, a dot, ``~``, ``:`` or ``/``, so URLs and keys such as
 #: ``observation/state`` are left alone.
@@ -219,6 +221,8 @@ class PolicyServer:
             request = unpackb(frame)  # WireError names the key of a bad ndarray map
             if not isinstance(request, dict):
                 raise ObservationError(f"a request is a map of observation keys, received {type(request).__name__}")
+            if CONTROL_KEY in request:  # openpi's episode_start / episode_end
+                return packb(self._control(request))
             protocol = detect_protocol(request)
             obs = to_policy_observation(request, self.image_size)
         except Exception as exc:
@@ -246,6 +250,26 @@ class PolicyServer:
             result = {**result, "actions": action_to_env(result["actions"], self.policy_gripper)}
         return to_reply(result, protocol)
 
+    def _control(self, request: dict) -> dict:
+        """openpi's control frames (``{"__ctrl__": "episode_start" | "episode_end", ...}``, sent by
+        current openpi's ``WebsocketClientPolicy.episode_start`` / ``episode_end`` around each LIBERO
+        episode), answered as openpi's server does (``{"__ack__": ...}``). ``episode_start`` resets
+        the policy's per-episode state (the observation history of ``n_obs_steps`` > 1 families)."""
+        ctrl = request.get(CONTROL_KEY)
+        if ctrl == "episode_start":
+            reset = getattr(self.policy, "reset", None)
+            if callable(reset):
+                reset()
+            logger.info(
+                "episode start (openpi control frame): task %r, episode %s",
+                request.get("__task__", ""),
+                request.get("__episode_id__", -1),
+            )
+            return {"__ack__": "episode_start"}
+        if ctrl == "episode_end":
+            return {"__ack__": "episode_end"}
+        return {"__ack__": "ignored"}
+
     async def _handler(self, ws) -> None:
         import websockets
 
@@ -253,6 +277,10 @@ class PolicyServer:
         logger.info(_logs.SERVER_CONNECTION_FROM.format(addr=addr))
         loop = asyncio.get_running_loop()
         await ws.send(packb(self.metadata))
+        # a new client starts a new episode: a policy that keeps observation history forgets it
+        reset = getattr(self.policy, "reset", None)
+        if callable(reset):
+            reset()
         prev_total, bad_in_a_row = None, 0
         while True:
             try:

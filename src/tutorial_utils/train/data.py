@@ -18,6 +18,7 @@ from tutorial_utils.policies.base import (
     BATCH_STATE,
     BATCH_TASK,
     BATCH_WRIST,
+    PAD_SUFFIX,
 )
 from tutorial_utils.train.config import DatasetNotReady
 
@@ -40,27 +41,56 @@ class ArraySource:
         self.statistics = statistics
         self.name = name
         self.image_shape = tuple(self.primary.shape[1:])
-        self.ep_end = np.zeros(n, np.int64)
+        self.ep_start, self.ep_end = np.zeros(n, np.int64), np.zeros(n, np.int64)
         for e in np.unique(self.frame_episode):
             idx = np.nonzero(self.frame_episode == e)[0]
-            self.ep_end[idx] = idx.max() + 1
+            self.ep_start[idx], self.ep_end[idx] = idx.min(), idx.max() + 1
 
     def __len__(self) -> int:
         return len(self.state)
 
-    def get(self, i: int, horizon: int) -> dict:
-        end = int(self.ep_end[i])
-        idx = i + np.arange(horizon)
-        mask = idx < end
-        idx = np.minimum(idx, end - 1)
-        return {
-            BATCH_IMAGE: self.primary[i],
-            BATCH_WRIST: self.wrist[i],
-            BATCH_STATE: self.state[i],
-            BATCH_ACTION: self.action[idx],
-            BATCH_ACTION_IS_PAD: ~mask,
+    def get(self, i: int, horizon: int, obs_deltas=None, action_deltas=None) -> dict:
+        """The window at frame ``i`` (see :func:`window_indices` for ``obs_deltas`` / ``action_deltas``)."""
+        start, end = int(self.ep_start[i]), int(self.ep_end[i])
+        obs_idx, obs_pad, act_idx, act_pad = _window(i, start, end, horizon, obs_deltas, action_deltas)
+        out = {
+            BATCH_IMAGE: self.primary[obs_idx],
+            BATCH_WRIST: self.wrist[obs_idx],
+            BATCH_STATE: self.state[obs_idx],
+            BATCH_ACTION: self.action[act_idx],
+            BATCH_ACTION_IS_PAD: act_pad,
             BATCH_TASK: self.tasks[i],
         }
+        return _with_history_pads(out, obs_pad)
+
+
+def window_indices(i: int, start: int, end: int, deltas) -> tuple[np.ndarray, np.ndarray]:
+    """Frame ``i`` of the episode ``[start, end)`` and its offsets ``deltas`` -> (indices, is_pad),
+    LeRobot's ``delta_timestamps`` semantics (``LeRobotDataset._get_query_indices``): each index
+    ``i + d`` is clamped into the episode (the first frame repeats before it starts, the last one
+    after it ends) and marked as padding where it fell outside."""
+    want = i + np.asarray(deltas, np.int64)
+    return np.clip(want, start, end - 1), (want < start) | (want >= end)
+
+
+def _window(i: int, start: int, end: int, horizon: int, obs_deltas, action_deltas):
+    """Observation and action (indices, is_pad) of one window. ``obs_deltas`` None: the current
+    frame only, with no time axis (the single-frame windows every family started with);
+    ``action_deltas`` None: ``0..horizon-1``."""
+    if obs_deltas is None:
+        obs_idx, obs_pad = i, None
+    else:
+        obs_idx, obs_pad = window_indices(i, start, end, obs_deltas)
+    act_idx, act_pad = window_indices(i, start, end, range(horizon) if action_deltas is None else action_deltas)
+    return obs_idx, obs_pad, act_idx, act_pad
+
+
+def _with_history_pads(out: dict, obs_pad) -> dict:
+    """Add LeRobot's ``<key>_is_pad`` (T,) masks for the observation keys of a window with history."""
+    if obs_pad is not None:
+        for key in (*BATCH_CAMERAS, BATCH_STATE):
+            out[key + PAD_SUFFIX] = obs_pad.copy()
+    return out
 
 
 def synthetic_source(
@@ -159,16 +189,28 @@ class LeRobotSource:
             self._pid = os.getpid()
         return self.ds
 
-    def get(self, i: int, horizon: int) -> dict:
-        s = self._reader().sample(int(i), action_horizon=horizon, video_delta_indices=(0,))
-        return {
-            BATCH_IMAGE: s[self.primary_key][0],
-            BATCH_WRIST: s[self.wrist_key][0],
-            BATCH_STATE: np.asarray(s["state"], np.float32),
-            BATCH_ACTION: np.asarray(s["action"], np.float32),
-            BATCH_ACTION_IS_PAD: ~np.asarray(s["action_mask"], bool),
-            BATCH_TASK: s["task"],
+    def get(self, i: int, horizon: int, obs_deltas=None, action_deltas=None) -> dict:
+        """The window at global frame ``i`` (see :func:`window_indices`)."""
+        ds = self._reader()
+        ep, f = ds.locate(int(i))
+        low = ds._lowdim(ep)
+        obs_idx, obs_pad, act_idx, act_pad = _window(f, 0, int(ds.lengths[ep]), horizon, obs_deltas, action_deltas)
+        frames = np.atleast_1d(obs_idx)
+        images = {
+            key: np.stack([ds.frame(ep, key, int(k)) for k in frames]) for key in (self.primary_key, self.wrist_key)
         }
+        if obs_deltas is None:
+            images = {key: v[0] for key, v in images.items()}
+        task_index = int(low["task_index"][f]) if "task_index" in low else 0
+        out = {
+            BATCH_IMAGE: images[self.primary_key],
+            BATCH_WRIST: images[self.wrist_key],
+            BATCH_STATE: np.asarray(low["observation.state"][obs_idx], np.float32),
+            BATCH_ACTION: np.asarray(low["action"][act_idx], np.float32),
+            BATCH_ACTION_IS_PAD: act_pad,
+            BATCH_TASK: ds.tasks.get(task_index, ""),
+        }
+        return _with_history_pads(out, obs_pad)
 
 
 def _in_data(path: str | os.PathLike) -> Path:
@@ -218,7 +260,11 @@ def dataset_statistics(root: Path, run_dir: str | os.PathLike | None) -> dict:
 
 
 class WindowDataset:
-    """torch-style map dataset over a source: resized uint8 images, state, action chunk, mask."""
+    """torch-style map dataset over a source: resized uint8 images, state, action chunk, mask.
+
+    A source wrapped for a family that sees several observation frames
+    (:class:`tutorial_utils.policies.trainable.TimeWindows`) gives (T, H, W, 3) images and (T, 8)
+    states; each frame is resized."""
 
     def __init__(self, source, indices: np.ndarray, horizon: int, image_size: int):
         self.source, self.indices, self.horizon, self.image_size = source, np.asarray(indices), horizon, image_size
@@ -229,7 +275,10 @@ class WindowDataset:
     def __getitem__(self, k: int) -> dict:
         s = self.source.get(int(k), self.horizon)  # k is already a source index (see StepBatchSampler)
         for key in BATCH_CAMERAS:
-            s[key] = resize(s[key], self.image_size)
+            img = np.asarray(s[key])
+            s[key] = (
+                np.stack([resize(x, self.image_size) for x in img]) if img.ndim == 4 else resize(img, self.image_size)
+            )
         return s
 
 
@@ -241,11 +290,13 @@ def random_shift(batch: dict, pad: int, generator) -> dict:
 
     out = dict(batch)
     for key in BATCH_CAMERAS:
-        x = batch[key].permute(0, 3, 1, 2).float() / 255.0
+        lead = batch[key].shape[:-3]  # (B,) or (B, T) for windows with observation history
+        x = batch[key].reshape(-1, *batch[key].shape[-3:]).permute(0, 3, 1, 2).float() / 255.0
         b, _, h, w = x.shape
         padded = F.pad(x, (pad, pad, pad, pad), mode="replicate")
         off = torch.randint(0, 2 * pad + 1, (b, 2), generator=generator)
-        out[key] = torch.stack([padded[i, :, off[i, 0] : off[i, 0] + h, off[i, 1] : off[i, 1] + w] for i in range(b)])
+        shifted = torch.stack([padded[i, :, off[i, 0] : off[i, 0] + h, off[i, 1] : off[i, 1] + w] for i in range(b)])
+        out[key] = shifted.reshape(*lead, *shifted.shape[1:])
     return out
 
 

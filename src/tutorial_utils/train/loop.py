@@ -609,6 +609,10 @@ class Validator:
         for i in range(0, len(self.pick), 32):
             b = collate([self.ds[int(k)] for k in self.pick[i : i + 32]])
             pred = model.predict(b, generator=gen)
+            # a window may start before the current frame (LeRobot's action_delta_indices, e.g. Diffusion
+            # with 2 observation frames); the prediction is the chunk from the current frame: its tail
+            h = pred.shape[1]
+            b = {**b, BATCH_ACTION: b[BATCH_ACTION][:, -h:], BATCH_ACTION_IS_PAD: b[BATCH_ACTION_IS_PAD][:, -h:]}
             if i <= j < i + 32:
                 self.sample = self._sample(b, pred, j - i, int(self.pick[j]))
             mask = (~b[BATCH_ACTION_IS_PAD]).numpy()[..., None].astype(np.float32)

@@ -1,0 +1,218 @@
+"""Parity with LeRobot's own code path (issue 27, item 3).
+
+A recording in our LeRobot v2.1 layout is converted to LeRobot's current format (v3.0) with LeRobot
+0.4.4's own converter (``lerobot.datasets.v30.convert_dataset_v21_to_v30.convert_dataset``, on a
+local folder, nothing from the Hub). Then, for the same frames (episode starts and ends included),
+the batch our loader and adapter hand to LeRobot's ACT, Diffusion Policy and VQ-BeT
+(``WindowDataset`` over ``model.training_source(open_dataset(...))``, then the adapter's
+``_lerobot_batch`` + ``_training_batch``: exactly what ``loss`` passes to ``policy.forward``) must equal
+what LeRobot's own training path builds: ``LeRobotDataset`` with the ``delta_timestamps`` of
+``lerobot.datasets.factory.resolve_delta_timestamps`` (ImageNet statistics for the cameras, as
+``make_dataset`` sets by default), torch's default collate, then the pre-processor of
+``make_pre_post_processors`` with that dataset's own statistics. The same seeded ``policy.forward``
+on both batches gives the same loss.
+
+Then LeRobot's own training loop (``lerobot.scripts.lerobot_train``) trains a tiny ACT on the converted
+recording, and our server serves that checkpoint, predicting what LeRobot's own policy predicts.
+
+Needs LeRobot 0.4.4 with its dataset dependencies (HF ``datasets``) and a video decoder LeRobot can
+use here (``torchcodec``; its ``pyav`` backend needs ``torchvision.io.VideoReader``, which the
+installed torchvision no longer has)."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+
+import numpy as np
+import pytest
+
+from helpers import needs_lerobot
+
+pytestmark = pytest.mark.slow
+
+SIZE = 32  # the recording's size, so our loader does not resize (LeRobot's does not either)
+LENGTHS = [6, 9, 5]
+#: frames to compare: each episode's first, second and last frames and a middle one
+FRAMES = [0, 1, 3, 5, 6, 7, 10, 14, 15, 16, 19]
+
+
+def _requirements():
+    needs_lerobot()
+    for module, why in (
+        ("datasets", "LeRobotDataset reads parquet through HF datasets"),
+        ("torchcodec", "LeRobotDataset decodes the converted videos with torchcodec here"),
+    ):
+        pytest.importorskip(module, reason=f"{module} is not installed ({why}); see requirements-lerobot04.txt")
+    from tutorial_utils.policies._torchvision import ensure_importable
+
+    ensure_importable()
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory):
+    """(our v2.1 recording, LeRobot's v3.0 conversion of a copy of it)."""
+    _requirements()
+    from lerobot.datasets.v30.convert_dataset_v21_to_v30 import convert_dataset
+
+    from tutorial_utils.data.modality import build_modality
+    from tutorial_utils.data.stats import compute_all
+    from tutorial_utils.data.synth import generate_dataset
+
+    tmp = tmp_path_factory.mktemp("parity")
+    ours = generate_dataset(tmp / "ours", n_episodes=len(LENGTHS), lengths=LENGTHS, image_size=SIZE)
+    build_modality(ours)  # what training needs beside the recording (the record job writes both)
+    compute_all(ours)
+    shutil.copytree(ours, tmp / "lerobot" / "synth")
+    convert_dataset("synth", root=tmp / "lerobot", push_to_hub=False)  # local: no Hub download or push
+    converted = tmp / "lerobot" / "synth"
+    info = (converted / "meta" / "info.json").read_text()
+    assert '"codebase_version": "v3.0"' in info
+    return ours, converted
+
+
+def _ours(model, ours) -> dict:
+    from tutorial_utils.train.data import WindowDataset, collate, open_dataset
+
+    source = model.training_source(open_dataset(ours, run_dir=None))
+    ds = WindowDataset(source, np.arange(len(source)), model.action_horizon, model.image_size)
+    batch = collate([ds[i] for i in FRAMES])
+    return model._training_batch(model._lerobot_batch(batch, with_action=True))
+
+
+def _lerobots(model, converted) -> dict:
+    import torch
+    from lerobot.datasets.factory import IMAGENET_STATS, resolve_delta_timestamps
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset, LeRobotDatasetMetadata
+    from lerobot.policies.factory import make_pre_post_processors
+
+    meta = LeRobotDatasetMetadata("synth", root=converted)
+    delta_timestamps = resolve_delta_timestamps(model.lerobot_config, meta)
+    ds = LeRobotDataset("synth", root=converted, delta_timestamps=delta_timestamps, video_backend="torchcodec")
+    for key in ds.meta.camera_keys:  # make_dataset's default (cfg.dataset.use_imagenet_stats)
+        for stats_type, stats in IMAGENET_STATS.items():
+            ds.meta.stats[key][stats_type] = torch.tensor(stats, dtype=torch.float32)
+    batch = torch.utils.data.default_collate([ds[i] for i in FRAMES])
+    pre, _post = make_pre_post_processors(model.lerobot_config, dataset_stats=ds.meta.stats)
+    return pre(batch)
+
+
+@pytest.mark.parametrize("name", ["act", "diffusion", "vqbet"])
+def test_our_batch_is_lerobots_batch(name, recordings):
+    import torch
+
+    from test_lerobot_family import TINY
+    from tutorial_utils import policies
+    from tutorial_utils.train.data import open_dataset
+
+    ours_root, converted = recordings
+    config = {**TINY[name], "image_size": SIZE}
+    model = policies.make(name, config, open_dataset(ours_root, run_dir=None).statistics)
+    ours, theirs = _ours(model, ours_root), _lerobots(model, converted)
+
+    # every feature the policy reads, and the masks of the windows
+    cfg = model.lerobot_config
+    needed = [*cfg.input_features, "action", "action_is_pad"]
+    if cfg.n_obs_steps > 1:
+        needed += [f"{k}_is_pad" for k in cfg.input_features]
+    assert set(needed) <= set(ours), sorted(set(needed) - set(ours))
+    for key in needed:
+        a, b = ours[key], theirs[key]
+        assert tuple(a.shape) == tuple(b.shape), (key, tuple(a.shape), tuple(b.shape))
+        if a.dtype == torch.bool:
+            assert torch.equal(a, b), key
+        else:  # the same video frames, decoded by PyAV (ours) and torchcodec (LeRobot's)
+            torch.testing.assert_close(a.float(), b.float(), rtol=0, atol=1e-5, msg=lambda m, k=key: f"{k}: {m}")
+    assert list(ours["task"]) == list(theirs["task"])
+
+    # so LeRobot's own forward gives the same loss on both (on two copies: VQ-BeT's forward fits its
+    # residual VQ in place during phase 1)
+    model.train()
+    twin = copy.deepcopy(model.policy)
+    torch.manual_seed(0)
+    loss_ours, _ = model.policy.forward(dict(ours))
+    torch.manual_seed(0)
+    loss_theirs, _ = twin.forward(dict(theirs))
+    torch.testing.assert_close(loss_ours, loss_theirs, rtol=1e-5, atol=1e-6)
+
+
+# --- LeRobot's own training loop, served by our server ------------------------------------------------
+
+#: LeRobot's training script, after the project's torchvision workaround (without it the script dies
+#: importing torchvision: "operator torchvision::nms does not exist", the CUDA wheel's ops library
+#: beside the CPU torch; policies/_torchvision.py)
+LEROBOT_TRAIN = (
+    "import sys; from tutorial_utils.policies._torchvision import ensure_importable; ensure_importable(); "
+    "from lerobot.scripts.lerobot_train import main; sys.argv = ['lerobot_train', *sys.argv[1:]]; main()"
+)
+
+
+def test_act_trained_by_lerobots_own_loop_is_served_by_our_server(recordings, tmp_path):
+    """``lerobot.scripts.lerobot_train`` (2 steps of a tiny ACT on the converted recording) writes its
+    ``pretrained_model``; :func:`from_lerobot_pretrained` loads it into our ACT adapter, which saves a
+    checkpoint our server serves; the served chunk equals LeRobot's own ``from_pretrained`` policy with
+    its own saved processors on the same observation."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+    from lerobot.policies.act.modeling_act import ACTPolicy as LeRobotACT
+    from lerobot.policies.factory import make_pre_post_processors
+
+    from helpers import openpi_observation
+    from tutorial_utils import policies
+    from tutorial_utils.data.libero_schema import action_to_env
+    from tutorial_utils.policies.lerobot import from_lerobot_pretrained
+    from tutorial_utils.train.data import open_dataset
+
+    ours_root, converted = recordings
+    tiny = {"chunk_size": 8, "n_action_steps": 4, "dim_model": 32, "n_heads": 2, "dim_feedforward": 64}
+    tiny |= {"n_encoder_layers": 1, "n_vae_encoder_layers": 1, "latent_dim": 8}
+    args = [f"--policy.{k}={v}" for k, v in tiny.items()]
+    args += ["--dataset.repo_id=synth", f"--dataset.root={converted}", "--dataset.video_backend=torchcodec"]
+    args += ["--policy.type=act", "--policy.device=cpu", "--policy.push_to_hub=false"]
+    args += ["--policy.pretrained_backbone_weights=null", "--steps=2", "--batch_size=2", "--num_workers=0"]
+    args += [
+        "--save_freq=2",
+        "--log_freq=1",
+        "--eval_freq=0",
+        "--wandb.enable=false",
+        f"--output_dir={tmp_path / 'lr'}",
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", LEROBOT_TRAIN, *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    pretrained = tmp_path / "lr" / "checkpoints" / "last" / "pretrained_model"
+    assert (pretrained / "model.safetensors").is_file()
+
+    model = from_lerobot_pretrained(pretrained, open_dataset(ours_root, run_dir=None).statistics)
+    assert model.name == "act" and model.image_size == SIZE and model.cfg.chunk_size == 8
+    model.save(tmp_path / "ours")
+    served = policies.make_policy("act", checkpoint=str(tmp_path / "ours"))
+    obs = openpi_observation(SIZE)
+    got = served.infer(obs)["actions"]
+
+    theirs = LeRobotACT.from_pretrained(pretrained).eval()
+    pre, post = make_pre_post_processors(theirs.config, pretrained_path=str(pretrained))
+    batch = {
+        "observation.images.image": torch.from_numpy(obs["observation/image"]).permute(2, 0, 1)[None].float() / 255,
+        "observation.images.wrist_image": torch.from_numpy(obs["observation/wrist_image"]).permute(2, 0, 1)[None]
+        / 255.0,
+        "observation.state": torch.from_numpy(obs["observation/state"])[None],
+        "task": [obs["prompt"]],
+    }
+    with torch.no_grad():
+        want = post(theirs.predict_action_chunk(pre(batch)))[0].numpy()
+    assert got.shape == (8, 7) and served.metadata["replan_steps"] == 4
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    # and what our websocket server sends an openpi client (robosuite's gripper convention; compared
+    # inside the environment's [-1, 1] range, which the server may clip to)
+    from tutorial_utils.serve.client import PolicyClient
+    from tutorial_utils.serve.server import ServerThread
+
+    with ServerThread(served) as srv, PolicyClient(port=srv.port, connect_timeout=5) as c:
+        sent = np.clip(c.infer(obs)["actions"], -1, 1)
+        np.testing.assert_allclose(sent, np.clip(action_to_env(want, "dataset"), -1, 1), rtol=0, atol=1e-5)
