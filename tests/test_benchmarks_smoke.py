@@ -84,3 +84,20 @@ def test_bench_monitor_quick_compares_off_on_and_drawn_here():
     assert out["figure_by_helper"] is True  # the monitor in the training process drew through its helper
     assert len(out["off_runs"]) == len(out["on_runs"]) == len(out["here_ratios"]) == 1
     assert out["ratio"] > 0 and out["here_ratio"] > 0 and out["figure_ms"] > 0
+
+
+@pytest.mark.slow
+def test_bench_train_quick_reports_each_setting():
+    out = _last_json("bench_train.py", "--profile", "ci", "--steps", "6")
+    assert out["bench"] == "train" and out["device"] == "cpu"
+    rows = {r["row"]: r for r in out["rows"]}
+    assert list(rows)[0] == "memory (reference)"
+    for name in ("0 workers", "1 worker", "auto workers", "auto workers, bf16", "auto workers, accum 2"):
+        r = rows[f"lerobot, {name}"]
+        assert r["samples_per_s"] > 0 and 0 <= r["data_wait_share"] <= 1, name
+    # each row ran with the setting it names (the trainer's resolved values)
+    assert rows["lerobot, 1 worker"]["num_workers"] == 1 and rows["lerobot, 0 workers"]["num_workers"] == 0
+    assert rows["lerobot, auto workers, bf16"]["precision"] == "bf16"
+    assert rows["lerobot, auto workers"]["precision"] == "fp32"
+    assert rows["lerobot, auto workers, accum 2"]["grad_accum_steps"] == 2
+    assert out["best_samples_per_s"] > 0 and out["best_row"] in rows

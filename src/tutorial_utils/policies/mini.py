@@ -292,6 +292,8 @@ class MiniPolicy(nn.Module, TrainablePolicy):
 
     name = "mini"
     config_class = PolicyConfig
+    accepts_device_batch = True  # every input goes through torch.as_tensor(...).to(device)
+    compile_targets = ("backbone", "action_model")  # tensor-only forwards: no graph breaks
 
     def __init__(self, cfg: PolicyConfig | None = None, statistics: Mapping[str, Any] | None = None):
         super().__init__()

@@ -24,6 +24,13 @@ class TrainablePolicy:
     config_class: ClassVar[type] = type(None)
     #: the gripper convention of the actions the family predicts (LIBERO datasets: "dataset")
     gripper: ClassVar[str] = "dataset"
+    #: the loss accepts a batch whose tensors are already on the model's device (the trainer then
+    #: copies each batch there from pinned memory without blocking); False: the family moves what
+    #: it needs itself (for example through numpy)
+    accepts_device_batch: ClassVar[bool] = False
+    #: submodules whose ``forward`` takes only tensors, compiled by ``compile=true``; empty: the
+    #: whole model is compiled (graph breaks at Python-only code such as tokenisers)
+    compile_targets: ClassVar[tuple[str, ...]] = ()
 
     cfg: Any
     statistics: dict
