@@ -2,7 +2,7 @@
 
 Measures samples/s and the share of step time spent waiting for data when training reads a
 LeRobot v2.1 dataset (video decoding in DataLoader workers), one row per setting of the
-trainer's speed parameters (``num_workers``, ``pin_memory``, ``precision``, ``compile``,
+trainer's speed parameters (``num_workers``, ``pin_memory``, ``precision``, ``torch_compile``,
 ``grad_accum_steps``), against a reference measured in the same run: the same model trained
 from frames already in memory (no data loading at all). The dataset is a synthetic
 LIBERO-schema one (tutorial_utils.data.synth) written to a temp folder.
@@ -93,7 +93,7 @@ def run_row(name, source, out: Path, steps: int, batch: int, settings: dict, mod
 
 def settings_rows(quick: bool, compile_row: bool, device: str) -> list[tuple[str, dict]]:
     """(row name, TrainConfig overrides) of each measured setting on the LeRobot dataset."""
-    base = {"device": device, "precision": "fp32", "pin_memory": False, "compile": False}
+    base = {"device": device, "precision": "fp32", "pin_memory": False, "torch_compile": False}
     rows = [
         ("0 workers", {**base, "num_workers": 0}),
         ("1 worker", {**base, "num_workers": 1}),
@@ -105,7 +105,7 @@ def settings_rows(quick: bool, compile_row: bool, device: str) -> list[tuple[str
     if quick:
         rows = [r for r in rows if r[0] != "auto workers, pin"]
     if compile_row:
-        rows.append(("auto workers, compile", {**base, "num_workers": None, "compile": True}))
+        rows.append(("auto workers, compile", {**base, "num_workers": None, "torch_compile": True}))
     return rows
 
 

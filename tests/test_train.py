@@ -636,7 +636,7 @@ def test_compiled_step_trains_resumes_exactly_and_keeps_checkpoint_names(tmp_pat
     a CPU); the mini family compiles its backbone and action model in place."""
     kw = dict(steps=4, batch_size=2, log_freq=1, eval_freq=2, save_freq=2, seed=2)
     plain = train(cfg(tmp_path, "plain", **kw), source=source)
-    kwc = dict(kw, compile=True, compile_backend="aot_eager")
+    kwc = dict(kw, torch_compile=True, compile_backend="aot_eager")
     full = train(cfg(tmp_path, "full", **kwc), source=source)
     np.testing.assert_allclose([v for _, v in full.losses], [v for _, v in plain.losses], rtol=1e-4)
     saved = json.loads((full.output_dir / "train_config.json").read_text())

@@ -158,10 +158,11 @@ class TrainConfig:
         "(autocast of the training forward; weights, optimiser and validation stay fp32)",
         "machine",
     )
-    compile: bool = _p(
+    torch_compile: bool = _p(
         False,
         "torch.compile the model's training step (the family's compile_targets, else the whole model); the "
-        "first steps are slow while it compiles (seconds on a GPU, minutes on a small CPU). For long GPU runs",
+        "first steps are slow while it compiles (about a minute on a GPU server, many minutes on a small CPU). "
+        "For long GPU runs",
         "machine",
     )
     compile_backend: str = _p(

@@ -125,7 +125,7 @@ RESUME_FREE = (
     "keep_last",
     "pretrained_checkpoint",
     "precision",
-    "compile",
+    "torch_compile",
     "compile_backend",
     "pin_memory",
     "tensorboard",
@@ -1041,6 +1041,10 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     cfg.check()
     if not cfg.output_dir:
         raise ConfigError("output_dir is empty: pass --output-dir DIR (a job's run_dir) so the run has a home.")
+    if cfg.tensorboard or cfg.wandb:
+        from tutorial_utils.train.trackers import check_available
+
+        check_available(cfg)  # a missing package fails here, before the run directory is touched
     out = Path(cfg.output_dir)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)

@@ -3,7 +3,7 @@ autocast, a compiled step, batches moved to the device before the model sees the
 exponential moving average of the weights (:class:`EMA`).
 
 Each piece is a :class:`~tutorial_utils.train.config.TrainConfig` parameter (``num_workers``,
-``pin_memory``, ``precision``, ``compile``, ``grad_accum_steps``, ``ema_decay``);
+``pin_memory``, ``precision``, ``torch_compile``, ``grad_accum_steps``, ``ema_decay``);
 :func:`resolve` turns the ``auto``/``None`` ones into what this process uses, and the run records
 that in ``train_config.json`` (``resolved``).
 """
@@ -59,7 +59,9 @@ def resolve(cfg, device_type: str, processes: int = 1) -> Resolved:
     workers = auto_workers(processes=processes) if cfg.num_workers is None else int(cfg.num_workers)
     pin = cuda if cfg.pin_memory is None else bool(cfg.pin_memory) and cuda
     precision = "bf16" if cfg.precision == "bf16" or (cfg.precision == "auto" and cuda) else "fp32"
-    return Resolved(device_type, workers, pin, precision, bool(cfg.compile), int(cfg.grad_accum_steps), cfg.ema_decay)
+    return Resolved(
+        device_type, workers, pin, precision, bool(cfg.torch_compile), int(cfg.grad_accum_steps), cfg.ema_decay
+    )
 
 
 def autocast(device_type: str, precision: str):
