@@ -101,3 +101,70 @@ def test_bench_train_quick_reports_each_setting():
     assert rows["lerobot, auto workers"]["precision"] == "fp32"
     assert rows["lerobot, auto workers, accum 2"]["grad_accum_steps"] == 2
     assert out["best_samples_per_s"] > 0 and out["best_row"] in rows
+
+
+#: what the GPU machine of the device tool lacks (bench_gpu_train.py must run without them)
+ABSENT_ON_GPU_MACHINE = ("av", "websockets", "libero", "mujoco", "papermill", "matplotlib", "jupytext", "h5py", "wandb")
+
+_BLOCKER = """
+import importlib.abc, importlib.machinery, sys
+BLOCK = set({names!r})
+class _Loader(importlib.abc.Loader):
+    def create_module(self, spec):
+        raise ModuleNotFoundError(f"No module named {{spec.name!r}} (blocked by the test)", name=spec.name)
+    def exec_module(self, module):
+        pass
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, _Loader()) if name.split(".")[0] in BLOCK else None
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def test_bench_gpu_train_uses_the_train_jobs_gpu_profile(monkeypatch):
+    import importlib.util
+
+    import jupytext
+
+    from tutorial_utils import jobs
+
+    spec = importlib.util.spec_from_file_location("bench_gpu_train", ROOT / "benchmarks" / "bench_gpu_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.delenv("TUTORIAL_PROFILE", raising=False)
+    gpu = jobs.default_parameters(jupytext.read(ROOT / "notebooks" / "jobs" / "train.md"), "gpu")
+    assert {k: gpu[k] for k in bench.GPU_PROFILE} == bench.GPU_PROFILE
+    # "after" is what the gpu profile runs with
+    assert gpu["torch_compile"] is True and gpu["precision"] == "auto" and gpu["pin_memory"] is None
+
+
+@pytest.mark.slow
+def test_bench_gpu_train_runs_end_to_end_on_cpu_without_the_packages_the_gpu_machine_lacks(tmp_path):
+    import os
+
+    (tmp_path / "sitecustomize.py").write_text(_BLOCKER.format(names=ABSENT_ON_GPU_MACHINE))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    argv = ["--device", "cpu", "--tiny", "--compile-backend", "aot_eager", "--rows", "before,after", "--steps", "8"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_gpu_train.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["bench"] == "gpu_train" and out["failed"] == []
+    before, after = out["rows"]
+    assert (before["row"], before["precision"], before["num_workers"], before["compile"]) == (
+        "before",
+        "fp32",
+        1,
+        False,
+    )
+    assert after["row"] == "after" and after["compile"] is True and after["precision"] == "fp32"  # auto on a CPU
+    assert before["samples_per_s"] > 0 and after["samples_per_s"] > 0 and "speedup" in out and "target_met" in out
