@@ -395,6 +395,24 @@ def test_accelerate_launch_two_processes(tmp_path):
 
 
 @pytest.mark.slow
+def test_accelerate_two_processes_with_accumulation_and_ema(tmp_path):
+    """DDP with 2 batches per step (the first without the all-reduce) and the EMA on both ranks."""
+    out = tmp_path / "run"
+    kv = {**TINY, "output_dir": str(out), "steps": 3, "batch_size": 2, "log_freq": 1, "eval_freq": 3, "save_freq": 3}
+    cmd, env = _accelerate_two_processes(tmp_path, {**kv, "grad_accum_steps": 2, "ema_decay": 0.9})
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps_done"] == 3 and summary["grad_accum_steps"] == 2
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    n_train = json.loads((out / "train_config.json").read_text())["dataset"]["train_frames"]
+    assert rows[-1]["epoch"] == pytest.approx(3 * (2 * 2 * 2) / n_train)  # steps x (batch x accum x ranks)
+    state = torch.load(out / "checkpoints/last/training_state.pt", weights_only=True)
+    assert state["ema"]["updates"] == 3
+    load_policy(out / "checkpoints/last")
+
+
+@pytest.mark.slow
 def test_sigterm_under_accelerate_stops_both_processes_at_the_same_step_with_a_checkpoint(tmp_path):
     """SIGTERM to the launcher reaches both ranks; they agree on the step (a reduced flag), the
     main process saves a loadable `last`."""

@@ -23,6 +23,8 @@ A run directory (``output_dir``) is self-describing::
     checkpoints/last ->        relative symlink to the newest step_* (replaced atomically)
     checkpoints/best/          the policy with the lowest validation action error
     summary.json               what happened: steps, losses, throughput, sizes, stop reason
+    tensorboard/, wandb/       the trackers' files, when tensorboard=true / wandb=true
+                               (tutorial_utils.train.trackers)
 
 Resume (``resume=true``) restores model, optimizer, scheduler, RNG and step; the data order and
 the flow-matching noise are pure functions of (seed, step), so a resumed run's losses equal the
@@ -42,6 +44,13 @@ One training process per run directory: the main process holds an exclusive lock
 holder), and while holding it removes the temporary folders a killed checkpoint save left.
 The first non-finite loss stops the run with :class:`NonFiniteLoss` (step, loss parts, likely
 causes); the last good checkpoint stays as it was.
+
+Speed (:mod:`tutorial_utils.train.speed`): ``precision`` (bf16 autocast on CUDA by default),
+``torch_compile``, ``pin_memory`` and ``num_workers`` (chosen from the cores by default) change how
+fast a step runs, not what it computes, and may differ on resume; ``grad_accum_steps`` (N batches
+per optimisation step, read as micro-steps of the same seeded data order) and ``ema_decay`` (the
+averaged weights are validated, saved as ``best`` and served from every checkpoint; the raw weights
+and the average are in ``training_state.pt``) are part of the run and resume exactly.
 
 CLI: ``python -m tutorial_utils train --dataset DIR --output-dir DIR key=value ...``."""
 
