@@ -63,7 +63,12 @@ class GpuSampler:
         if exe is None:
             return
         self.proc = subprocess.Popen(
-            [exe, "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", f"-lms={interval_ms}"],
+            [
+                exe,
+                "--query-gpu=utilization.gpu,memory.used",
+                "--format=csv,noheader,nounits",
+                f"--loop-ms={interval_ms}",
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,

@@ -1128,7 +1128,8 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
             group["initial_lr"] = cfg.optimizer_lr
             group["lr"] = cfg.optimizer_lr * lr_factor(scheduler.last_epoch, cfg)
         scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
-    fast = speed.resolve(cfg, acc.device.type, world)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world)  # training processes on this machine
+    fast = speed.resolve(cfg, acc.device.type, local_world)
     compiled = speed.compile_policy(policy, cfg.compile_backend) if fast.compile else []
     model, optimizer = acc.prepare(policy, optimizer)
     ckpt.ema = _ema(cfg, acc.unwrap_model(model), ckpt.restored, resume_from)
