@@ -1,21 +1,26 @@
-"""Training throughput of the mini DiT4DiT policy on this machine.
+"""Training throughput of the mini DiT4DiT policy per trainer setting on this machine.
 
 Measures samples/s and the share of step time spent waiting for data when training reads a
-LeRobot v2.1 dataset (video decoding in DataLoader workers), against a reference measured in
-the same run: the same model trained from frames already in memory (no data loading at all).
-The dataset is a synthetic LIBERO-schema one (tutorial_utils.data.synth) written to a temp folder.
+LeRobot v2.1 dataset (video decoding in DataLoader workers), one row per setting of the
+trainer's speed parameters (``num_workers``, ``pin_memory``, ``precision``, ``torch_compile``,
+``grad_accum_steps``), against a reference measured in the same run: the same model trained
+from frames already in memory (no data loading at all). The dataset is a synthetic
+LIBERO-schema one (tutorial_utils.data.synth) written to a temp folder.
 
-    .venv/bin/python benchmarks/bench_train.py [--quick] [--steps N] [--batch-size B]
+    .venv/bin/python benchmarks/bench_train.py [--quick] [--steps N] [--batch-size B] [--compile]
 
 Prints a table; the last line is a JSON object of the figures. The first ``warmup`` steps of
-each row (worker start-up, first video decodes) are left out of the steady-state figures and
-reported separately. On a shared machine the numbers move with the other load: compare rows
-of one run, not runs.
+each row (worker start-up, compilation, first video decodes) are left out of the steady-state
+figures and reported separately. On a shared machine the numbers move with the other load:
+compare rows of one run, not runs. ``--compile`` adds the compiled row (minutes of compilation
+on a small CPU; on by default with ``--device cuda``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import sys
@@ -41,77 +46,97 @@ def lerobot_statistics(ds) -> dict:
     }
 
 
-def run_row(name, source, out: Path, steps: int, batch: int, workers: int, model: dict, warmup: int) -> dict:
+def run_row(name, source, out: Path, steps: int, batch: int, settings: dict, model: dict, warmup: int) -> dict:
+    """Train ``steps`` steps with ``settings`` (TrainConfig overrides) and measure the steady state."""
     from tutorial_utils.train.config import TrainConfig
     from tutorial_utils.train.loop import train
+    from tutorial_utils.train.speed import steady_throughput
 
+    run_dir = out / name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
     cfg = TrainConfig.from_overrides(
         {
             **model,
-            "output_dir": str(out / name),
+            "output_dir": str(run_dir),
             "steps": steps,
             "batch_size": batch,
-            "num_workers": workers,
             "log_freq": 1,
             "eval_freq": 0,
+            "val_fraction": 0.0,
             "save_checkpoint": False,
             "progress": False,
+            "system_metrics": False,
             "scheduler_warmup_steps": 2,
+            **settings,
         }
     )
-    import contextlib
-    import io
-
-    buf = io.StringIO()
     t0 = time.perf_counter()
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(io.StringIO()):
         res = train(cfg, source=source)
     wall = time.perf_counter() - t0
-    rows = [json.loads(x) for x in (out / name / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "loss" in r]
-    steady = rows[warmup:]
-    # each row is one step (log_freq=1): samples/s and wait share of that step
-    step_s = np.array([batch / r["samples_per_s"] for r in steady])
-    wait_s = np.array([r["data_wait_share"] * batch / r["samples_per_s"] for r in steady])
-    first = rows[:warmup]
-    first_s = sum(batch / r["samples_per_s"] for r in first)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    step_samples = batch * cfg.grad_accum_steps
+    got = steady_throughput(rows, step_samples, warmup)
+    resolved = res.summary["resolved"]
     return {
         "row": name,
-        "workers": workers,
+        **{k: resolved[k] for k in ("num_workers", "pin_memory", "precision", "compile", "grad_accum_steps")},
         "batch": batch,
         "steps": steps,
-        "samples_per_s": float(batch * len(steady) / step_s.sum()),
-        "ms_per_step": float(1000 * step_s.mean()),
-        "data_wait_share": float(wait_s.sum() / step_s.sum()),
-        "warmup_s": float(first_s),
+        "samples_per_s": got["samples_per_s"],
+        "ms_per_step": got["ms_per_step"],
+        "data_wait_share": got["data_wait_share"],
+        "warmup_s": got["warmup_s"],
         "wall_s": wall,
         "params": res.summary["parameters"]["total"],
     }
 
 
+def settings_rows(quick: bool, compile_row: bool, device: str) -> list[tuple[str, dict]]:
+    """(row name, TrainConfig overrides) of each measured setting on the LeRobot dataset."""
+    base = {"device": device, "precision": "fp32", "pin_memory": False, "torch_compile": False}
+    rows = [
+        ("0 workers", {**base, "num_workers": 0}),
+        ("1 worker", {**base, "num_workers": 1}),
+        ("auto workers", {**base, "num_workers": None}),
+        ("auto workers, pin", {**base, "num_workers": None, "pin_memory": True}),
+        ("auto workers, bf16", {**base, "num_workers": None, "precision": "bf16"}),
+        ("auto workers, accum 2", {**base, "num_workers": None, "grad_accum_steps": 2}),
+    ]
+    if quick:
+        rows = [r for r in rows if r[0] != "auto workers, pin"]
+    if compile_row:
+        rows.append(("auto workers, compile", {**base, "num_workers": None, "torch_compile": True}))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="< 1 minute")
+    ap.add_argument("--quick", action="store_true", help="about a minute: a smaller dataset and fewer steps")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the training process")
     ap.add_argument("--profile", default="cpu", choices=["ci", "cpu"], help="model size of that profile")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    ap.add_argument("--compile", action="store_true", help="add the compiled row (default with --device cuda)")
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
     from tutorial_utils.data.format import LeRobotDataset
     from tutorial_utils.data.synth import generate_dataset
+    from tutorial_utils.policies.base import BATCH_IMAGE, BATCH_STATE, BATCH_TASK, BATCH_WRIST
     from tutorial_utils.train.data import ArraySource, LeRobotSource, WindowDataset
+    from tutorial_utils.train.speed import auto_workers
 
-    steps = args.steps or (15 if args.quick else 60)
+    steps = args.steps or (12 if args.quick else 60)
     warmup = 3 if args.quick else 5
     model = (
         {"image_size": 64, "model_dim": 128, "action_depth": 4}
         if args.profile == "cpu"
         else {"image_size": 32, "model_dim": 32, "num_heads": 2, "action_depth": 1, "language_layers": 0}
     )
-    n_eps, length, img = (6, 40, 128) if args.quick else (20, 80, 128)
+    n_eps, length, img = (4, 30, 128) if args.quick else (20, 80, 128)
+    compile_row = args.compile or args.device == "cuda"
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         tmp = Path(tmp)
         t0 = time.perf_counter()
@@ -126,22 +151,19 @@ def main(argv=None) -> int:
         frames = [win[i] for i in range(len(src))]
         decode_s = time.perf_counter() - t0
         mem = ArraySource(
-            np.stack([f["primary"] for f in frames]),
-            np.stack([f["wrist"] for f in frames]),
-            np.stack([f["state"] for f in frames]),
+            np.stack([f[BATCH_IMAGE] for f in frames]),
+            np.stack([f[BATCH_WRIST] for f in frames]),
+            np.stack([f[BATCH_STATE] for f in frames]),
             ds_actions(ds),
             src.frame_episode,
-            [f["instruction"] for f in frames],
+            [f[BATCH_TASK] for f in frames],
             stats,
             name="memory",
         )
-        rows = [
-            run_row("memory (reference)", mem, tmp, steps, args.batch_size, 0, model, warmup),
-            run_row("lerobot, 0 workers", src, tmp, steps, args.batch_size, 0, model, warmup),
-            run_row("lerobot, 1 worker", src, tmp, steps, args.batch_size, 1, model, warmup),
-        ]
-        if not args.quick:
-            rows.append(run_row("lerobot, 2 workers", src, tmp, steps, args.batch_size, 2, model, warmup))
+        ref_settings = {"device": args.device, "precision": "fp32", "num_workers": 0, "pin_memory": False}
+        rows = [run_row("memory (reference)", mem, tmp, steps, args.batch_size, ref_settings, model, warmup)]
+        for name, settings in settings_rows(args.quick, compile_row, args.device):
+            rows.append(run_row(f"lerobot, {name}", src, tmp, steps, args.batch_size, settings, model, warmup))
     ref = rows[0]["samples_per_s"]
     print(
         f"dataset: {n_eps} episodes, {len(src)} frames, {img}x{img} x2 cameras (written in {gen_s:.1f} s; "
@@ -149,33 +171,31 @@ def main(argv=None) -> int:
     )
     print(
         f"model: {args.profile} profile, {rows[0]['params']:,} parameters; batch {args.batch_size}; {steps} steps "
-        f"({warmup} warm-up steps left out); torch threads {args.threads}; load average {os.getloadavg()[0]:.2f} "
-        f"on {os.cpu_count()} CPUs (shared)"
+        f"({warmup} warm-up steps left out); device {args.device}; torch threads {args.threads}; auto workers "
+        f"{auto_workers()}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (shared)"
     )
-    print(f"{'row':<22} {'samples/s':>10} {'ms/step':>8} {'data wait':>10} {'vs ref':>7} {'warm-up s':>10}")
+    head = f"{'row':<34} {'workers':>7} {'pin':>4} {'prec':>5} {'comp':>5} {'accum':>5}"
+    print(f"{head} {'samples/s':>10} {'ms/step':>8} {'data wait':>10} {'vs ref':>7} {'warm-up s':>10}")
     for r in rows:
         r["vs_reference"] = r["samples_per_s"] / ref
         print(
-            f"{r['row']:<22} {r['samples_per_s']:>10.1f} {r['ms_per_step']:>8.1f} {100 * r['data_wait_share']:>9.1f}% "
-            f"{r['vs_reference']:>7.2f} {r['warmup_s']:>10.2f}"
+            f"{r['row']:<34} {r['num_workers']:>7} {'yes' if r['pin_memory'] else 'no':>4} {r['precision']:>5} "
+            f"{'yes' if r['compile'] else 'no':>5} {r['grad_accum_steps']:>5} {r['samples_per_s']:>10.1f} "
+            f"{r['ms_per_step']:>8.1f} {100 * r['data_wait_share']:>9.1f}% {r['vs_reference']:>7.2f} "
+            f"{r['warmup_s']:>10.2f}"
         )
     best = max(rows[1:], key=lambda r: r["samples_per_s"])
     figures = {
+        "bench": "train",
         "profile": args.profile,
+        "device": args.device,
         "batch_size": args.batch_size,
         "steps": steps,
         "params": rows[0]["params"],
         "reference_samples_per_s": round(ref, 2),
-        **{
-            f"{r['row'].split(' (')[0].replace(', ', '_').replace(' ', '_')}_samples_per_s": round(
-                r["samples_per_s"], 2
-            )
-            for r in rows[1:]
-        },
-        **{
-            f"{r['row'].replace(', ', '_').replace(' ', '_')}_data_wait_share": round(r["data_wait_share"], 4)
-            for r in rows[1:]
-        },
+        "rows": [
+            {k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items() if k != "params"} for r in rows
+        ],
         "best_row": best["row"],
         "best_samples_per_s": round(best["samples_per_s"], 2),
         "best_data_wait_share": round(best["data_wait_share"], 4),

@@ -107,3 +107,94 @@ def test_bench_serving_fairness_quick_measures_a_good_client_under_a_flood():
     assert out["flood_frames_sent"] > 0 and out["bad_frames_answered"] > 0  # the flood reached the server
     assert out["log_tracebacks"] == 0  # a bad frame logs one short line
     assert out["alone_p99_ms"] > 0 and out["flood_p99_ms"] > 0
+
+
+@pytest.mark.slow
+def test_bench_train_quick_reports_each_setting():
+    out = _last_json("bench_train.py", "--profile", "ci", "--steps", "6")
+    assert out["bench"] == "train" and out["device"] == "cpu"
+    rows = {r["row"]: r for r in out["rows"]}
+    assert list(rows)[0] == "memory (reference)"
+    for name in ("0 workers", "1 worker", "auto workers", "auto workers, bf16", "auto workers, accum 2"):
+        r = rows[f"lerobot, {name}"]
+        assert r["samples_per_s"] > 0 and 0 <= r["data_wait_share"] <= 1, name
+    # each row ran with the setting it names (the trainer's resolved values)
+    assert rows["lerobot, 1 worker"]["num_workers"] == 1 and rows["lerobot, 0 workers"]["num_workers"] == 0
+    assert rows["lerobot, auto workers, bf16"]["precision"] == "bf16"
+    assert rows["lerobot, auto workers"]["precision"] == "fp32"
+    assert rows["lerobot, auto workers, accum 2"]["grad_accum_steps"] == 2
+    assert out["best_samples_per_s"] > 0 and out["best_row"] in rows
+
+
+#: what the GPU machine of the device tool lacks (bench_gpu_train.py must run without them)
+ABSENT_ON_GPU_MACHINE = ("av", "websockets", "libero", "mujoco", "papermill", "matplotlib", "jupytext", "h5py", "wandb")
+
+_BLOCKER = """
+import importlib.abc, importlib.machinery, sys
+BLOCK = set({names!r})
+class _Loader(importlib.abc.Loader):
+    def create_module(self, spec):
+        raise ModuleNotFoundError(f"No module named {{spec.name!r}} (blocked by the test)", name=spec.name)
+    def exec_module(self, module):
+        pass
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, _Loader()) if name.split(".")[0] in BLOCK else None
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def test_bench_gpu_train_uses_the_train_jobs_gpu_profile(monkeypatch):
+    import importlib.util
+
+    import jupytext
+
+    from tutorial_utils import jobs
+
+    spec = importlib.util.spec_from_file_location("bench_gpu_train", ROOT / "benchmarks" / "bench_gpu_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.delenv("TUTORIAL_PROFILE", raising=False)
+    import dataclasses
+
+    from tutorial_utils.params import profile_values
+    from tutorial_utils.policies.mini import PolicyConfig
+
+    gpu = jobs.default_parameters(jupytext.read(ROOT / "notebooks" / "jobs" / "train.md"), "gpu")
+    # the model's sizes are the mini family's own gpu values, the rest the train job's
+    gpu.update({f.name: profile_values(f)["gpu"] for f in dataclasses.fields(PolicyConfig) if f.name not in gpu})
+    assert {k: gpu[k] for k in bench.GPU_PROFILE} == bench.GPU_PROFILE
+    # "after" is what the gpu profile runs with
+    assert gpu["torch_compile"] is True and gpu["precision"] == "auto" and gpu["pin_memory"] is None
+
+
+@pytest.mark.slow
+def test_bench_gpu_train_runs_end_to_end_on_cpu_without_the_packages_the_gpu_machine_lacks(tmp_path):
+    import os
+
+    (tmp_path / "sitecustomize.py").write_text(_BLOCKER.format(names=ABSENT_ON_GPU_MACHINE))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    argv = ["--device", "cpu", "--tiny", "--compile-backend", "aot_eager", "--rows", "before,after", "--steps", "8"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_gpu_train.py"), *argv],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["bench"] == "gpu_train" and out["failed"] == []
+    before, after = out["rows"]
+    assert (before["row"], before["precision"], before["num_workers"], before["compile"]) == (
+        "before",
+        "fp32",
+        1,
+        False,
+    )
+    assert after["row"] == "after" and after["compile"] is True and after["precision"] == "fp32"  # auto on a CPU
+    assert before["samples_per_s"] > 0 and after["samples_per_s"] > 0 and "speedup" in out and "target_met" in out

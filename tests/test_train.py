@@ -395,6 +395,24 @@ def test_accelerate_launch_two_processes(tmp_path):
 
 
 @pytest.mark.slow
+def test_accelerate_two_processes_with_accumulation_and_ema(tmp_path):
+    """DDP with 2 batches per step (the first without the all-reduce) and the EMA on both ranks."""
+    out = tmp_path / "run"
+    kv = {**TINY, "output_dir": str(out), "steps": 3, "batch_size": 2, "log_freq": 1, "eval_freq": 3, "save_freq": 3}
+    cmd, env = _accelerate_two_processes(tmp_path, {**kv, "grad_accum_steps": 2, "ema_decay": 0.9})
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps_done"] == 3 and summary["grad_accum_steps"] == 2
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    n_train = json.loads((out / "train_config.json").read_text())["dataset"]["train_frames"]
+    assert rows[-1]["epoch"] == pytest.approx(3 * (2 * 2 * 2) / n_train)  # steps x (batch x accum x ranks)
+    state = torch.load(out / "checkpoints/last/training_state.pt", weights_only=True)
+    assert state["ema"]["updates"] == 3
+    load_policy(out / "checkpoints/last")
+
+
+@pytest.mark.slow
 def test_sigterm_under_accelerate_stops_both_processes_at_the_same_step_with_a_checkpoint(tmp_path):
     """SIGTERM to the launcher reaches both ranks; they agree on the step (a reduced flag), the
     main process saves a loadable `last`."""
@@ -457,3 +475,192 @@ def test_time_limit_finishes_the_run(tmp_path, source):
     assert "Time limit of 0.02 min reached" in text and "Training complete" in text
     assert res.summary["best"]["step"] == res.steps_done  # a last validation at the stop
     load_policy(res.output_dir / "checkpoints" / "last")
+
+
+# --- the trainer's speed options: accumulation, EMA, precision, compile, workers ------------------
+
+
+def _stop_at(n):
+    def hook(step, loss):
+        if step == n:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler finishes the step, saves and stops
+
+    return hook
+
+
+def _weights(path):
+    return {k: v.clone() for k, v in load_policy(path).state_dict().items()}
+
+
+def _same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_grad_accumulation_resume_is_exact(tmp_path, source):
+    kw = dict(steps=6, batch_size=2, grad_accum_steps=3, log_freq=1, eval_freq=0, save_freq=100, seed=3)
+    full = train(cfg(tmp_path, "full", **kw), source=source)
+    part = train(cfg(tmp_path, "part", **kw), source=source, on_step=_stop_at(3))
+    assert part.steps_done == 3
+    rest = train(cfg(tmp_path, "part", resume=True, **kw), source=source)
+    assert [s for s, _ in rest.losses] == [4, 5, 6]
+    assert part.losses + rest.losses == full.losses  # bit-identical
+    _same_weights(_weights(tmp_path / "full/checkpoints/last"), _weights(tmp_path / "part/checkpoints/last"))
+    assert full.summary["grad_accum_steps"] == 3
+    # the throughput counts the samples of every micro-batch: 2 x 3 per optimisation step
+    row = [json.loads(x) for x in (tmp_path / "full/metrics.jsonl").read_text().splitlines() if '"loss"' in x][-1]
+    assert row["epoch"] == pytest.approx(6 * 6 / len(split_episodes(source.frame_episode, 0.1)[0]))
+    # a resume cannot change how many batches make a step (the data order would differ)
+    with pytest.raises(ConfigError, match="grad_accum_steps"):
+        train(cfg(tmp_path, "part", resume=True, **{**kw, "steps": 8, "grad_accum_steps": 2}), source=source)
+
+
+def test_grad_accumulation_of_two_half_batches_is_the_full_batch(tmp_path):
+    """mlp has no noise and, with one action per window, no padding: 2 accumulated batches of 4
+    give the gradient of one batch of 8 (the same 8 frames: the data order is per micro-batch)."""
+    src = synthetic_source(n_episodes=4, length=12, image_size=16)
+    base = dict(
+        policy="mlp",
+        action_horizon=1,
+        hidden_dim=16,
+        augment_shift=0,
+        num_workers=0,
+        progress=False,
+        steps=1,
+        eval_freq=0,
+        log_freq=1,
+        save_checkpoint=False,
+        scheduler_warmup_steps=0,
+        optimizer_grad_clip_norm=0.0,
+        val_fraction=0.0,
+        keep_final_model=True,
+    )
+    one = train(TrainConfig.from_overrides({**base, "batch_size": 8, "output_dir": str(tmp_path / "a")}), source=src)
+    two = train(
+        TrainConfig.from_overrides({**base, "batch_size": 4, "grad_accum_steps": 2, "output_dir": str(tmp_path / "b")}),
+        source=src,
+    )
+    assert one.losses[0][1] == pytest.approx(two.losses[0][1], rel=1e-6)
+
+    def grad_norm(name):
+        return [json.loads(x)["grad_norm"] for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    assert grad_norm("a") == pytest.approx(grad_norm("b"), rel=1e-5)  # the mean gradient, not the sum
+    wa, wb = _weights(tmp_path / "a/final_model"), _weights(tmp_path / "b/final_model")
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_ema_is_validated_served_and_resumed_exactly(tmp_path, source):
+    kw = dict(steps=8, batch_size=3, log_freq=1, eval_freq=4, save_freq=4, seed=5, ema_decay=0.9)
+    full = train(cfg(tmp_path, "full", **kw), source=source)
+    part = train(cfg(tmp_path, "part", **kw), source=source, on_step=_stop_at(4))
+    rest = train(cfg(tmp_path, "part", resume=True, **kw), source=source)
+    assert part.losses + rest.losses == full.losses  # the raw weights came back on resume
+
+    def rows(name):
+        return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    val = lambda name: [(r["step"], r["val_action_mae"]) for r in rows(name) if "val_action_mae" in r]  # noqa: E731
+    assert val("full") == val("part") and len(val("full")) == 2  # the same average continued
+    last = tmp_path / "full/checkpoints/last"
+    _same_weights(_weights(last), _weights(tmp_path / "part/checkpoints/last"))
+    state = torch.load(last / "training_state.pt", weights_only=True)
+    served = _weights(last)
+    # the policy files hold the average, training_state.pt the raw weights and the average
+    assert state["ema"]["updates"] == 8 and state["ema"]["decay"] == 0.9
+    moved = 0
+    for name, value in state["ema"]["shadow"].items():
+        assert torch.equal(served[name], value), name
+        moved += not torch.equal(state["raw_weights"][name], value)
+    assert moved > 0
+    # validation scored the average: the served weights give the logged error
+    from tutorial_utils.train.loop import Validator
+
+    c = cfg(tmp_path, "x", **kw)
+    pol = load_policy(last)
+    _, val_idx, _ = split_episodes(source.frame_episode, c.val_fraction)
+    again = Validator(source, val_idx, c, pol.action_horizon, pol.image_size)(pol)
+    assert again["val_action_mae"] == pytest.approx(val("full")[-1][1], rel=1e-5)
+    # without EMA nothing of it is saved
+    plain = train(cfg(tmp_path, "plain", steps=2, batch_size=2, save_freq=2), source=source)
+    st = torch.load(plain.output_dir / "checkpoints/last/training_state.pt", weights_only=True)
+    assert "ema" not in st and "raw_weights" not in st
+
+
+def test_ema_update_rule():
+    from tutorial_utils.train.speed import EMA
+
+    m = torch.nn.Linear(2, 1)
+    with torch.no_grad():
+        m.weight.fill_(0.0)
+        m.bias.fill_(0.0)
+    ema = EMA(m, 0.99)
+    with torch.no_grad():
+        m.weight.fill_(1.0)
+    ema.update(m)  # decay_0 = min(0.99, 1/10) = 0.1: 0.9 of the new weights
+    assert torch.allclose(ema.shadow[0], torch.full((1, 2), 0.9))
+    ema.update(m)  # decay_1 = 2/11
+    assert torch.allclose(ema.shadow[0], torch.full((1, 2), 0.9 * 2 / 11 + 9 / 11))
+    with ema.applied(m):
+        assert torch.allclose(m.weight, ema.shadow[0])
+    assert torch.equal(m.weight, torch.ones(1, 2))  # the raw weights are back
+
+
+def test_resume_of_a_run_without_ema_refuses_to_start_one(tmp_path, source):
+    kw = dict(steps=4, batch_size=2, save_freq=2)
+    train(cfg(tmp_path, "r", **kw), source=source, on_step=_stop_at(2))
+    with pytest.raises(ConfigError, match="ema_decay"):
+        train(cfg(tmp_path, "r", resume=True, ema_decay=0.9, **kw), source=source)
+
+
+def test_speed_settings_resolve_and_are_recorded(tmp_path, source):
+    from tutorial_utils.train.speed import MAX_AUTO_WORKERS, auto_workers, resolve
+
+    assert auto_workers(cores=2) == 1 and auto_workers(cores=16) == MAX_AUTO_WORKERS
+    assert auto_workers(cores=16, processes=4) == 3 and auto_workers(cores=1) == 1
+    c = cfg(tmp_path, num_workers=None)
+    on_cpu, on_gpu = resolve(c, "cpu"), resolve(c, "cuda")
+    assert (on_cpu.precision, on_cpu.pin_memory) == ("fp32", False)
+    assert (on_gpu.precision, on_gpu.pin_memory) == ("bf16", True)
+    assert resolve(cfg(tmp_path, precision="fp32", pin_memory=False), "cuda").precision == "fp32"
+    assert on_cpu.num_workers == auto_workers()
+    for bad in ({"precision": "fp16"}, {"grad_accum_steps": 0}, {"ema_decay": 1.0}, {"num_workers": -1}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            cfg(tmp_path, **bad)
+    assert TrainConfig.from_overrides({"gradient_accumulation_steps": 4}).grad_accum_steps == 4
+    res = train(cfg(tmp_path, "w", steps=2, batch_size=2, num_workers=1), source=source)
+    saved = json.loads((res.output_dir / "train_config.json").read_text())
+    assert saved["resolved"]["num_workers"] == 1 and saved["resolved"]["precision"] == "fp32"
+    assert "1 loader workers" in (res.output_dir / "train.log").read_text()
+
+
+def test_bf16_autocast_on_cpu_trains_and_changes_the_numbers(tmp_path, source):
+    kw = dict(steps=3, batch_size=2, log_freq=1, eval_freq=0, save_checkpoint=False)
+    fp32 = train(cfg(tmp_path, "fp32", **kw), source=source)
+    bf16 = train(cfg(tmp_path, "bf16", precision="bf16", **kw), source=source)
+    assert all(np.isfinite(v) for _, v in bf16.losses)
+    assert bf16.losses != fp32.losses  # the forward did run in bf16
+    assert bf16.losses[0][1] == pytest.approx(fp32.losses[0][1], rel=0.05)
+    assert bf16.summary["resolved"]["precision"] == "bf16"
+
+
+@pytest.mark.slow
+def test_compiled_step_trains_resumes_exactly_and_keeps_checkpoint_names(tmp_path, source):
+    """aot_eager traces the same graphs as the default backend without generating code (seconds on
+    a CPU); the mini family compiles its backbone and action model in place."""
+    kw = dict(steps=4, batch_size=2, log_freq=1, eval_freq=2, save_freq=2, seed=2)
+    plain = train(cfg(tmp_path, "plain", **kw), source=source)
+    kwc = dict(kw, torch_compile=True, compile_backend="aot_eager")
+    full = train(cfg(tmp_path, "full", **kwc), source=source)
+    np.testing.assert_allclose([v for _, v in full.losses], [v for _, v in plain.losses], rtol=1e-4)
+    saved = json.loads((full.output_dir / "train_config.json").read_text())
+    assert saved["resolved"]["compiled"] == ["backbone", "action_model"]
+    part = train(cfg(tmp_path, "part", **kwc), source=source, on_step=_stop_at(2))
+    rest = train(cfg(tmp_path, "part", resume=True, **kwc), source=source)
+    assert part.losses + rest.losses == full.losses
+    a = load_policy(tmp_path / "full/checkpoints/last")  # no _orig_mod. prefixes: loads as usual
+    assert set(a.state_dict()) == set(load_policy(tmp_path / "plain/checkpoints/last").state_dict())

@@ -302,6 +302,8 @@ class MiniPolicy(nn.Module, TrainablePolicy):
     learning_rate = 3e-4
     #: the ci profile's 2-step smoke test trains only the action head (its encoders stay as built)
     train_defaults = {"freeze_modules": by_profile("backbone", cpu="")}
+    accepts_device_batch = True  # every input goes through torch.as_tensor(...).to(device)
+    compile_targets = ("backbone", "action_model")  # tensor-only forwards: no graph breaks
 
     def __init__(self, cfg: PolicyConfig | None = None, statistics: Mapping[str, Any] | None = None):
         super().__init__()

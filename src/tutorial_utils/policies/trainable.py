@@ -56,6 +56,13 @@ class TrainablePolicy:
     #: the train job's defaults for this family where a :class:`TrainConfig` field's default is
     #: None ("the family's own"): ``{field: value}`` or ``{field: params.by_profile(ci, cpu, gpu)}``
     train_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: the loss accepts a batch whose tensors are already on the model's device (the trainer then
+    #: copies each batch there from pinned memory without blocking); False: the family moves what
+    #: it needs itself (for example through numpy)
+    accepts_device_batch: ClassVar[bool] = False
+    #: submodules whose ``forward`` takes only tensors, compiled by ``compile=true``; empty: the
+    #: whole model is compiled (graph breaks at Python-only code such as tokenisers)
+    compile_targets: ClassVar[tuple[str, ...]] = ()
 
     cfg: Any
     statistics: dict

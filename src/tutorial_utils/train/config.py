@@ -33,6 +33,12 @@ def _p(default: Any, help: str, group: str = "training", **profiles: Any) -> Any
     return param(default, help, group, **profiles)
 
 
+#: ``precision`` values: auto is bf16 autocast on CUDA and fp32 elsewhere.
+PRECISIONS = ("auto", "fp32", "bf16")
+#: ``compile_backend`` values (torch.compile backends).
+COMPILE_BACKENDS = ("inductor", "aot_eager")
+
+
 @dataclass
 class TrainConfig:
     """Every training parameter. Platform names are canonical; DiT4DiT names are aliases."""
@@ -80,8 +86,24 @@ class TrainConfig:
         gpu=20000,
     )
     seed: int = _p(42, "seed of the weights, the data order and the noise: same seed, same run")
-    num_workers: int = _p(
-        0, "DataLoader worker processes (0: load in the main process). 1/2 to 1x the CPU cores", cpu=1, gpu=8
+    num_workers: int | None = _p(
+        0,
+        "DataLoader worker processes (0: load in the main process). None: chosen from the cores "
+        "(tutorial_utils.train.speed.auto_workers: the cores this process may use, shared among the training "
+        "processes of the machine, one left for each training process, at most 8)",
+        cpu=None,
+        gpu=None,
+    )
+    grad_accum_steps: int = _p(
+        1,
+        "gradient accumulation: each optimisation step sums the gradients of N batches of batch_size "
+        "(effective batch: batch_size x N x processes; `steps` counts optimisation steps). 1: off",
+    )
+    ema_decay: float = _p(
+        0.0,
+        "keep an exponential moving average of the weights with this decay (0.999-0.9999; warmed up as "
+        "min(decay, (1+step)/(10+step))); validation, best, checkpoints' served weights and final_model use it, "
+        "the raw weights stay in training_state.pt for resume. 0: off",
     )
     eval_freq: int = _p(
         0,
@@ -161,10 +183,50 @@ class TrainConfig:
     # machine
     device: str = _p("auto", "auto, cpu or cuda (under accelerate launch: what accelerate picks)", "machine")
     num_threads: int = _p(0, "torch CPU threads per process (0: torch's default)", "machine")
+    precision: str = _p(
+        "auto",
+        "auto (bf16 autocast on CUDA, fp32 elsewhere: on CPU bf16 was measured slower), fp32, or bf16 "
+        "(autocast of the training forward; weights, optimiser and validation stay fp32)",
+        "machine",
+    )
+    torch_compile: bool = _p(
+        False,
+        "torch.compile the model's training step (the family's compile_targets, else the whole model); the "
+        "first steps are slow while it compiles (about a minute on a GPU server, many minutes on a small CPU). "
+        "For long GPU runs",
+        "machine",
+        gpu=True,
+    )
+    compile_backend: str = _p(
+        "inductor",
+        "torch.compile backend: inductor (generated kernels, the fast one) or aot_eager (traces the graphs "
+        "without generating code: a quick check that the model compiles)",
+        "machine",
+    )
+    pin_memory: bool | None = _p(
+        None,
+        "page-locked batches for fast, asynchronous copies to the GPU. None: on when training on CUDA",
+        "machine",
+    )
     progress: bool = _p(True, "show a tqdm progress bar with ETA (on stderr)", "machine")
     system_metrics: bool = _p(
         True, "sample CPU, RAM, disk and GPU use into each metrics.jsonl row (for the live monitor)", "machine"
     )
+    # trackers
+    tensorboard: bool = _p(
+        False,
+        "mirror every metrics.jsonl row to TensorBoard event files in output_dir/tensorboard "
+        "(`tensorboard --logdir runs`); needs the tensorboard package",
+        "trackers",
+    )
+    wandb: bool = _p(
+        False,
+        "mirror every metrics.jsonl row to Weights & Biases in offline mode: files in output_dir/wandb, no "
+        "account, no network, no key stored; upload later with `wandb sync output_dir/wandb/offline-run-*`. "
+        "Needs the wandb package",
+        "trackers",
+    )
+    wandb_project: str = _p("dit4dit-libero", "the W&B project the offline run is synced into later", "trackers")
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy_config, (type(None), Mapping)) and not dataclasses.is_dataclass(
@@ -211,11 +273,10 @@ class TrainConfig:
         return cfg
 
     def check(self) -> None:
-        for name in ("batch_size", "steps", "val_samples"):
+        for name in ("batch_size", "steps", "val_samples", "grad_accum_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
         for name in (
-            "num_workers",
             "eval_freq",
             "log_freq",
             "save_freq",
@@ -227,6 +288,14 @@ class TrainConfig:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 0")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ConfigError(f"num_workers={self.num_workers} must be >= 0 (None: chosen from the cores)")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ConfigError(f"ema_decay={self.ema_decay} must be in [0, 1) (0.999-0.9999 is typical; 0: off)")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision={self.precision!r}: use {', '.join(PRECISIONS)}")
+        if self.compile_backend not in COMPILE_BACKENDS:
+            raise ConfigError(f"compile_backend={self.compile_backend!r}: use {', '.join(COMPILE_BACKENDS)}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction={self.val_fraction} must be in [0, 1)")
         if self.optimizer_lr <= 0:
@@ -261,6 +330,7 @@ ALIASES: dict[str, str] = {
     "logging_frequency": "log_freq",
     "env_eval_freq": "eval_freq",  # LeRobot >= 0.6's name
     "num_train_steps": "steps",
+    "gradient_accumulation_steps": "grad_accum_steps",  # DiT4DiT's and accelerate's name
 }
 _PREFIXES = ("trainer.", "datasets.vla_data.", "framework.", "optimizer.", "scheduler.")
 

@@ -284,7 +284,8 @@ class WindowDataset:
 
 def random_shift(batch: dict, pad: int, generator) -> dict:
     """Shift both camera images by up to ``pad`` pixels (replicate padding, then a random crop),
-    drawn from ``generator`` so a resumed run sees the same crops. Returns float images in [0,1]."""
+    drawn from ``generator`` (a CPU one) so a resumed run sees the same crops. The images may be on
+    any device; the crop is one gather there. Returns float images in [0,1]."""
     import torch
     import torch.nn.functional as F
 
@@ -294,8 +295,11 @@ def random_shift(batch: dict, pad: int, generator) -> dict:
         x = batch[key].reshape(-1, *batch[key].shape[-3:]).permute(0, 3, 1, 2).float() / 255.0
         b, _, h, w = x.shape
         padded = F.pad(x, (pad, pad, pad, pad), mode="replicate")
-        off = torch.randint(0, 2 * pad + 1, (b, 2), generator=generator)
-        shifted = torch.stack([padded[i, :, off[i, 0] : off[i, 0] + h, off[i, 1] : off[i, 1] + w] for i in range(b)])
+        off = torch.randint(0, 2 * pad + 1, (b, 2), generator=generator).to(x.device)
+        rows = (off[:, 0:1] + torch.arange(h, device=x.device))[:, :, None]  # (B, h, 1)
+        cols = (off[:, 1:2] + torch.arange(w, device=x.device))[:, None, :]  # (B, 1, w)
+        crop = padded.permute(0, 2, 3, 1)[torch.arange(b, device=x.device)[:, None, None], rows, cols]  # (B,h,w,C)
+        shifted = crop.permute(0, 3, 1, 2)
         out[key] = shifted.reshape(*lead, *shifted.shape[1:])
     return out
 

@@ -23,6 +23,8 @@ A run directory (``output_dir``) is self-describing::
     checkpoints/last ->        relative symlink to the newest step_* (replaced atomically)
     checkpoints/best/          the policy with the lowest validation action error
     summary.json               what happened: steps, losses, throughput, sizes, stop reason
+    tensorboard/, wandb/       the trackers' files, when tensorboard=true / wandb=true
+                               (tutorial_utils.train.trackers)
 
 Resume (``resume=true``) restores model, optimizer, scheduler, RNG and step; the data order and
 the flow-matching noise are pure functions of (seed, step), so a resumed run's losses equal the
@@ -42,6 +44,13 @@ One training process per run directory: the main process holds an exclusive lock
 holder), and while holding it removes the temporary folders a killed checkpoint save left.
 The first non-finite loss stops the run with :class:`NonFiniteLoss` (step, loss parts, likely
 causes); the last good checkpoint stays as it was.
+
+Speed (:mod:`tutorial_utils.train.speed`): ``precision`` (bf16 autocast on CUDA by default),
+``torch_compile``, ``pin_memory`` and ``num_workers`` (chosen from the cores by default) change how
+fast a step runs, not what it computes, and may differ on resume; ``grad_accum_steps`` (N batches
+per optimisation step, read as micro-steps of the same seeded data order) and ``ema_decay`` (the
+averaged weights are validated, saved as ``best`` and served from every checkpoint; the raw weights
+and the average are in ``training_state.pt``) are part of the run and resume exactly.
 
 CLI: ``python -m tutorial_utils train --dataset DIR --output-dir DIR key=value ...``."""
 
@@ -77,6 +86,7 @@ from tutorial_utils.io import (
 )
 from tutorial_utils.policies.base import BATCH_ACTION, BATCH_ACTION_IS_PAD, BATCH_TASK
 from tutorial_utils.policies.normalize import STATS_FILE
+from tutorial_utils.train import speed
 from tutorial_utils.train.checkpoints import (
     CONFIG_FILE,
     LOCK_FILE,
@@ -134,6 +144,13 @@ RESUME_FREE = (
     "keep_final_model",
     "keep_last",
     "pretrained_checkpoint",
+    "precision",
+    "torch_compile",
+    "compile_backend",
+    "pin_memory",
+    "tensorboard",
+    "wandb",
+    "wandb_project",
 )
 
 
@@ -394,6 +411,9 @@ class RunLog:
                 file=sys.stderr,
             )
         self.window: dict = {"wait": 0.0, "total": 0.0, "samples": 0, "loss": []}
+        #: samples one optimisation step consumes over all processes
+        self.step_samples = cfg.batch_size * cfg.grad_accum_steps * world
+        self.trackers = None  # tutorial_utils.train.trackers.Trackers, set by _prepare on the main process
         self.total_wait = self.total_time = 0.0
         self.losses: list[tuple[int, float]] = []
         self.rows: list[dict] = []  # the training rows of this process's metrics.jsonl (the health check reads them)
@@ -408,6 +428,8 @@ class RunLog:
         if self.metrics_fh:
             self.metrics_fh.write(json.dumps(row) + "\n")
             self.metrics_fh.flush()
+        if self.trackers is not None:
+            self.trackers.log(row)
 
     def header(self, counts: dict, frozen: list[str], len_loader: int, start_step: int, resume_from) -> None:
         self(L.TRAIN_TOTAL_PARAMS.format(n=counts["total"], m=counts["total"] / 1e6))
@@ -428,7 +450,7 @@ class RunLog:
         loss = parts["total_loss"]
         w["wait"] += wait
         w["total"] += total
-        w["samples"] += cfg.batch_size * self.world
+        w["samples"] += self.step_samples
         w["loss"].append(loss)
         self.total_wait += wait
         self.total_time += total
@@ -453,7 +475,7 @@ class RunLog:
                 "grad_norm": grad_norm,
                 "samples_per_s": w["samples"] / max(w["total"], 1e-9),
                 "data_wait_share": w["wait"] / max(w["total"], 1e-9),
-                "epoch": step * cfg.batch_size * self.world / self.n_train,
+                "epoch": step * self.step_samples / self.n_train,
                 "time": time.time(),
                 **(self.sampler.sample() if self.sampler else {}),
             }
@@ -472,6 +494,9 @@ class RunLog:
         for fh in (self.fh, self.metrics_fh):
             if fh:
                 fh.close()
+        if self.trackers is not None:
+            self.trackers.close()
+            self.trackers = None
 
 
 class Checkpointer:
@@ -483,6 +508,12 @@ class Checkpointer:
         self.root, self.cfg, self.run_id, self.main, self.world = out / "checkpoints", cfg, run_id, main, world
         self.dataset_meta = dataset_meta
         self.best: dict = {"val_action_mae": None, "step": None}
+        self.ema = None  # tutorial_utils.train.speed.EMA when ema_decay > 0
+        self.restored: dict = {}  # the training_state.pt read by restore (the EMA continues from it)
+
+    def served(self, model):
+        """A context in which ``model`` holds the weights to validate and serve: the EMA's when on."""
+        return self.ema.applied(model) if self.ema is not None else contextlib.nullcontext(model)
 
     def resume_point(self) -> Path | None:
         """The checkpoint to resume from; refuses to start a fresh run over an old one."""
@@ -518,6 +549,7 @@ class Checkpointer:
 
         load_weights_into(model, path)
         state = load_train_state(path)  # a teaching error for a corrupt file, not torch's advice
+        self.restored = state
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
@@ -544,16 +576,17 @@ class Checkpointer:
         from tutorial_utils.policies.checkpoint import write_policy_files
 
         target = self.root / step_dir_name(step)
+        state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        if self.ema is not None:  # the policy files hold the average; the raw weights resume training
+            state.update(ema=self.ema.state_dict(), raw_weights=self.ema.raw_weights(model))
         with atomic_dir(target) as tmp:
-            write_policy_files(model, tmp, {"dataset": self.dataset_meta, "step": step})
-            torch.save(
-                {
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "torch_rng": torch.get_rng_state(),
-                },
-                tmp / TRAIN_STATE_FILE,
-            )
+            with self.served(model):
+                write_policy_files(model, tmp, {"dataset": self.dataset_meta, "step": step})
+            torch.save(state, tmp / TRAIN_STATE_FILE)
             slow_save_hook()
             atomic_write_json(
                 tmp / TRAIN_STATE_JSON,
@@ -565,6 +598,8 @@ class Checkpointer:
                     "batch_size": self.cfg.batch_size,
                     "world_size": self.world,
                     "seed": self.cfg.seed,
+                    "grad_accum_steps": self.cfg.grad_accum_steps,
+                    "ema_decay": self.cfg.ema_decay,
                     "time": time.time(),
                 },
             )
@@ -673,6 +708,7 @@ class _Setup:
     len_loader: int
     run_id: str
     wall_before: float = 0.0
+    fast: Any = None  # tutorial_utils.train.speed.Resolved
 
 
 def train(cfg: TrainConfig, source=None, on_step: Callable[[int, float], None] | None = None) -> TrainResult:
@@ -689,7 +725,7 @@ def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack, starte
     out, acc, main = Path(cfg.output_dir), s.acc, s.acc.is_main_process
     step, stopped_by, time_limited, last_val = s.start_step, None, False, {}
 
-    watch = TrainingWatch(out, cfg.to_dict(), s.run_log) if main else None
+    watch = TrainingWatch(out, {**cfg.to_dict(), "num_workers": s.fast.num_workers}, s.run_log) if main else None
 
     def validate(step: int) -> None:
         if main and len(s.validator):
@@ -703,9 +739,10 @@ def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack, starte
     def _validate(step: int) -> None:
         nonlocal last_val
         m = acc.unwrap_model(s.model)
-        last_val = {**s.validator(m), "step": step}
+        with s.ckpt.served(m):  # the EMA weights when ema_decay > 0
+            last_val = {**s.validator(m), "step": step}
+            improved = s.ckpt.offer_best(m, step, last_val)
         s.model.train()
-        improved = s.ckpt.offer_best(m, step, last_val)
         sample = write_sample(out, step, s.validator.sample) if s.validator.sample else None
         extra = {"sample": f"{SAMPLES_DIR}/{sample.name}"} if sample else {}
         s.run_log.metrics({**last_val, "best": improved, "time": time.time(), **extra})
@@ -759,6 +796,8 @@ def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack, starte
         "time_limited": time_limited,
         "world_size": acc.num_processes,
         "batch_size": cfg.batch_size,
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "resolved": s.fast.to_dict(),
         "parameters": s.counts,
         "frozen_modules": s.frozen,
         "first_loss": rl.losses[0][1] if rl.losses else None,
@@ -766,7 +805,7 @@ def _train(cfg: TrainConfig, source, on_step, held: contextlib.ExitStack, starte
         "wall_s": round(wall, 3),
         "wall_s_total": round(s.wall_before + wall, 3),
         "state": run_state,
-        "samples_per_s": (step - s.start_step) * cfg.batch_size * acc.num_processes / max(rl.total_time, 1e-9),
+        "samples_per_s": (step - s.start_step) * rl.step_samples / max(rl.total_time, 1e-9),
         "data_wait_share": rl.total_wait / max(rl.total_time, 1e-9),
         "best": s.ckpt.best,
         "last_val": last_val,
@@ -801,29 +840,47 @@ def _steps(
     import torch
 
     acc, world, rank = s.acc, s.acc.num_processes, s.acc.process_index
+    fast, accum = s.fast, cfg.grad_accum_steps
+    unwrapped = acc.unwrap_model(s.model)
+    # families whose loss takes tensors on any device get the batch there, copied from pinned memory
+    # without blocking; the others move what they need themselves
+    device_batch = bool(getattr(unwrapped, "accepts_device_batch", False)) and acc.device.type != "cpu"
     step = s.start_step
     s.model.train()
     it = iter(s.loader)
     while step < cfg.steps:
         t0 = time.perf_counter()
-        try:
-            batch = next(it)
-        except StopIteration:
-            return
-        except RuntimeError:
-            if stop.signum is None:
-                raise
-            # a worker killed outright (SIGKILL; they ignore the stop signals) while we were asked to stop
-            yield step, signal.Signals(stop.signum).name, False
-            return
-        t1 = time.perf_counter()
-        gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + step * 101 + rank)
-        if cfg.augment_shift:
-            batch = random_shift(batch, cfg.augment_shift, gen)
-        parts = s.model(batch, gen)
-        loss = parts["total_loss"]
+        wait = 0.0
+        sums: dict[str, Any] = {}
         s.optimizer.zero_grad(set_to_none=True)
-        acc.backward(loss)
+        for k in range(accum):  # micro-batches of this optimisation step
+            tw = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except RuntimeError:
+                if stop.signum is None:
+                    raise
+                # a worker killed outright (SIGKILL; they ignore the stop signals) while we were asked to stop
+                yield step, signal.Signals(stop.signum).name, False
+                return
+            wait += time.perf_counter() - tw
+            micro = step * accum + k
+            gen = torch.Generator().manual_seed(int(cfg.seed) * 1_000_003 + micro * 101 + rank)
+            if device_batch:
+                batch = speed.to_device(batch, acc.device, non_blocking=fast.pin_memory)
+            if cfg.augment_shift:
+                batch = random_shift(batch, cfg.augment_shift, gen)
+            # DDP: only the last micro-batch all-reduces the summed gradients
+            sync = acc.no_sync(s.model) if world > 1 and k < accum - 1 else contextlib.nullcontext()
+            with sync:
+                with speed.autocast(acc.device.type, fast.precision):
+                    parts = s.model(batch, gen)
+                acc.backward(parts["total_loss"] / accum if accum > 1 else parts["total_loss"])
+            for name, v in parts.items():
+                sums[name] = sums[name] + v.detach().float() if name in sums else v.detach().float()
+        parts = {name: v / accum for name, v in sums.items()} if accum > 1 else sums
         if cfg.optimizer_grad_clip_norm > 0:
             gn = acc.clip_grad_norm_(s.params, cfg.optimizer_grad_clip_norm)
         else:
@@ -831,6 +888,8 @@ def _steps(
         lr = s.optimizer.param_groups[0]["lr"]
         s.optimizer.step()
         s.scheduler.step()
+        if s.ckpt.ema is not None:
+            s.ckpt.ema.update(unwrapped)
         step += 1
         values = {
             k: float(acc.reduce(v.detach(), reduction="mean").item()) if world > 1 else float(v.item())
@@ -838,7 +897,7 @@ def _steps(
         }
         if not all(math.isfinite(v) for v in values.values()):  # the same reduced values on every rank
             _non_finite(cfg, s, step, values)
-        s.run_log.step(step, values, lr, float(gn), t1 - t0, time.perf_counter() - t0)
+        s.run_log.step(step, values, lr, float(gn), wait, time.perf_counter() - t0)
         if on_step:
             on_step(step, values["total_loss"])
         if (cfg.eval_freq and step % cfg.eval_freq == 0) or step == cfg.steps:
@@ -1011,6 +1070,10 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     cfg.check()
     if not cfg.output_dir:
         raise ConfigError("output_dir is empty: pass --output-dir DIR (a job's run_dir) so the run has a home.")
+    if cfg.tensorboard or cfg.wandb:
+        from tutorial_utils.train.trackers import check_available
+
+        check_available(cfg)  # a missing package fails here, before the run directory is touched
     out = Path(cfg.output_dir)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
@@ -1077,7 +1140,11 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
             group["initial_lr"] = cfg.optimizer_lr
             group["lr"] = cfg.optimizer_lr * lr_factor(scheduler.last_epoch, cfg)
         scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world)  # training processes on this machine
+    fast = speed.resolve(cfg, acc.device.type, local_world)
+    compiled = speed.compile_policy(policy, cfg.compile_backend) if fast.compile else []
     model, optimizer = acc.prepare(policy, optimizer)
+    ckpt.ema = _ema(cfg, acc.unwrap_model(model), ckpt.restored, resume_from)
 
     if main:
         atomic_write_json(
@@ -1088,6 +1155,7 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
                 "policy_config": cfg.to_dict()["policy_config"],
                 "run_id": run_id,
                 "world_size": world,
+                "resolved": {**fast.to_dict(), "compiled": compiled},
                 "val_episodes": val_eps,
                 "dataset": {
                     "name": getattr(source, "name", ""),
@@ -1109,19 +1177,35 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
                     f.unlink()
 
     h, size = policy.action_horizon, policy.image_size
-    sampler = StepBatchSampler(train_idx, cfg.batch_size, cfg.steps, cfg.seed, start_step, rank, world)
+    # one batch per micro-step: optimisation step s reads micro-batches s*N .. s*N+N-1, so the data
+    # order stays a pure function of (seed, step) and a resumed run reads the same batches
+    accum = cfg.grad_accum_steps
+    sampler = StepBatchSampler(train_idx, cfg.batch_size, cfg.steps * accum, cfg.seed, start_step * accum, rank, world)
     loader = torch.utils.data.DataLoader(
         WindowDataset(source, train_idx, h, size),
         batch_sampler=sampler,
-        num_workers=cfg.num_workers,
+        num_workers=fast.num_workers,
         collate_fn=collate,
         worker_init_fn=_ignore_stop_signals,
-        persistent_workers=False,
-        prefetch_factor=4 if cfg.num_workers else None,
+        pin_memory=fast.pin_memory,
+        persistent_workers=fast.num_workers > 0,
+        prefetch_factor=4 if fast.num_workers else None,
     )
     len_loader = math.ceil(len(train_idx) / (cfg.batch_size * world))
     run_log = RunLog(out, cfg, run_id, main, start_step, world, len(train_idx))
+    if main and (cfg.tensorboard or cfg.wandb):
+        from tutorial_utils.train.trackers import Trackers
+
+        run_log.trackers = Trackers(out, cfg, run_id, start_step)
     run_log.header(counts, frozen, len_loader, start_step, resume_from)
+    if main:
+        run_log(
+            f"Speed: device {fast.device}, {fast.precision}, {fast.num_workers} loader workers"
+            f"{' (pinned memory)' if fast.pin_memory else ''}"
+            f"{', compiled ' + ', '.join(compiled) if compiled else ''}"
+            f"{f', {accum} batches per step' if accum > 1 else ''}"
+            f"{f', EMA {cfg.ema_decay}' if cfg.ema_decay else ''}"
+        )
     return _Setup(
         acc,
         model,
@@ -1139,7 +1223,31 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
         len_loader,
         run_id,
         wall_before,
+        fast,
     )
+
+
+def _ema(cfg: TrainConfig, model, restored: dict, resume_from: Path | None):
+    """The run's :class:`~tutorial_utils.train.speed.EMA` (None when ``ema_decay`` is 0). On resume
+    the average continues from the checkpoint, and the model gets back the raw weights (the
+    checkpoint's policy files hold the average)."""
+    if not cfg.ema_decay:
+        return None
+    import torch
+
+    ema = speed.EMA(model, cfg.ema_decay)
+    if resume_from is not None:
+        if "ema" not in restored or "raw_weights" not in restored:
+            raise ConfigError(
+                f"ema_decay={cfg.ema_decay} but {resume_from / TRAIN_STATE_FILE} holds no EMA state (the run was "
+                "trained without it); resume with ema_decay=0, or start a new run."
+            )
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in restored["raw_weights"].items():
+                params[name].copy_(value)
+        ema.load_state_dict(restored["ema"], model)
+    return ema
 
 
 def _finish(
@@ -1164,7 +1272,8 @@ def _finish(
         if cfg.save_checkpoint and step > s.start_step:
             s.ckpt.save(step, "final", model, s.optimizer, s.scheduler)
         final = out / "final_model"
-        model.save(final, {"dataset": s.ckpt.dataset_meta, "step": step})
+        with s.ckpt.served(model):
+            model.save(final, {"dataset": s.ckpt.dataset_meta, "step": step})
         log(L.TRAIN_COMPLETE.format(path=final))
         keep = cfg.keep_final_model or os.environ.get("KEEP_FINAL_MODEL", "") == "1"
         size_final, size_before = dir_size(final), dir_size(out)
