@@ -30,6 +30,9 @@ def template(tmp_path_factory):
     root = tmp_path_factory.mktemp("upstream")
     fake_upstream.write_fake_checkout(root / "checkout")
     fake_upstream.write_fake_models(root / "models")
+    fake_upstream.write_fake_env(root / "envs" / "dit4dit", "model", accelerate=True)
+    fake_upstream.write_fake_env(root / "envs" / "libero", "libero")
+    fake_upstream.write_fake_libero(root / "LIBERO")
     generate_dataset(root / "data" / DATASET, n_episodes=1, mean_length=4, image_size=16, n_tasks=1, seed=0)
     return root
 
@@ -45,8 +48,9 @@ def world(template, tmp_path, monkeypatch):
         models_dir=str(w / "models"),
         data_dir=str(w / "data"),
         runs_dir=str(w / "runs"),
-        model_python=sys.executable,
-        libero_python=sys.executable,
+        model_python=str(w / "envs" / "dit4dit" / "bin" / "python"),
+        libero_python=str(w / "envs" / "libero" / "bin" / "python"),
+        libero_home=str(w / "LIBERO"),
         dataset=DATASET,
         port=run.free_port(),
     )
@@ -98,7 +102,7 @@ def test_commands_sh_says_what_the_code_runs(world):
     text = path.read_text()
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     parsed = C.parse_commands_sh(text)
-    assert set(parsed) == {"train", "serve", "eval", "client"}
+    assert set(parsed) == {"train", "serve", "libero-config", "eval", "client"}
     for cmd in C.all_commands(cfg):
         got = parsed[cmd.step]
         assert (got.argv, got.env, got.cwd, got.log) == (cmd.argv, cmd.env, cmd.cwd, cmd.log), cmd.step
@@ -143,6 +147,7 @@ def test_smoke_training_through_the_launcher(world, monkeypatch):
     assert rec["argv"] == [ck.TRAIN_PY, *cmd.argv[script + 1 :]]
     assert rec["cwd"] == str(Path(cfg.checkout).resolve())
     assert rec["env"]["WANDB_MODE"] == "offline" and rec["env"]["WORLD_SIZE"] == "1"
+    assert rec["env"]["FAKE_ENV"] == "model"  # the accelerate beside model_python ran it with that Python
     assert rec["env"]["HF_TOKEN"] is None  # the token never reaches upstream's processes
     log = _log(cfg, C.TRAIN_LOG)
     assert "registered in memory" in log and "Training complete" in log
@@ -343,6 +348,8 @@ def test_serving_config_fixup_makes_the_fake_server_start(world, monkeypatch):
     assert "Total episodes: 2" in ev.replace("\n", " ") or "Total episodes: 2" in ev
     rec = fake_upstream.record(cfg.checkout, "eval")
     assert rec["env"]["MUJOCO_GL"] == "egl" and "--args.task-suite-name" in rec["argv"]
+    assert rec["env"]["FAKE_ENV"] == "libero"
+    assert (ok_cfg.resolved().libero_config_dir / "config.yaml").is_file()  # no LIBERO prompt
 
 
 def test_released_checkpoint_needs_the_cosmos_fix(world):
@@ -361,7 +368,8 @@ def test_cli_commands_and_contract(world, capsys):
 
     w, cfg = world
     argv = ["--checkout", cfg.checkout, "--models-dir", cfg.models_dir, "--runs-dir", cfg.runs_dir,
-            "--data-dir", cfg.data_dir]  # fmt: skip
+            "--data-dir", cfg.data_dir, "--model-python", cfg.model_python, "--libero-python", cfg.libero_python,
+            "--libero-home", cfg.libero_home]  # fmt: skip
     assert main(["commands", *argv, "--out", str(w / "c.sh")]) == 0
     assert C.parse_commands_sh((w / "c.sh").read_text())["train"].argv == C.train_command(cfg).argv
     assert main(["contract", cfg.checkout]) == 0
@@ -390,7 +398,7 @@ def test_train_and_evaluate_jobs_dispatch_to_the_bridge(world):
 
     w, cfg = world
     backend = {"backend": "dit4dit", "checkout": cfg.checkout, "models_dir": cfg.models_dir, "data_dir": cfg.data_dir,
-               "runs_dir": "", "model_python": sys.executable, "libero_python": ""}  # fmt: skip
+               "runs_dir": "", "model_python": cfg.model_python, "libero_python": ""}  # fmt: skip
     rd = w / "runs" / "train_job"
     res = train_job.run_job(rd, dataset=DATASET, steps=2, batch_size=1, log_freq=1, policy="mini", **backend)
     assert res.steps_done == 2 and res.stopped_by is None and res.summary["backend"] == "dit4dit"
@@ -398,15 +406,16 @@ def test_train_and_evaluate_jobs_dispatch_to_the_bridge(world):
     assert (rd / "train.log").is_file() and jobs.read_status(rd)["backend"] == "dit4dit"
     assert fake_upstream.record(cfg.checkout, "train")["argv"][-2:] == ["--run_id", "train_job"]
     ed = w / "runs" / "eval_job"
-    backend["libero_python"] = sys.executable  # upstream's eval_libero.py (the fake needs no LIBERO)
+    backend.update(libero_python=cfg.libero_python, libero_home=cfg.libero_home)  # upstream's eval_libero.py
     result = chain.run_job(ed, suite="libero_spatial", trials_per_task=2, policy="dit4dit", **backend)
     assert (ed / "server.log").is_file() and (ed / "eval_libero_spatial.log").is_file()
     assert result.results["total_episodes"] == 2 and result.results["finished"]
     assert len(result.results["pairs"]) == 2
     with pytest.raises(Exception, match="backend='gpu'"):
         train_job.run_job(w / "runs" / "x", dataset="synthetic", backend="gpu")
-    with pytest.raises(Exception, match="synthetic"):
-        train_job.run_job(w / "runs" / "y", dataset="synthetic", **{**backend, "libero_python": ""})
+    assert (ed / "libero_config" / "config.yaml").is_file()
+    with pytest.raises(Exception, match="synthetic"):  # a longer run needs upstream's dataset named
+        train_job.run_job(w / "runs" / "y", dataset="synthetic", steps=100, **{**backend, "libero_python": ""})
 
 
 @pytest.mark.slow
@@ -423,7 +432,7 @@ def test_train_job_notebook_runs_the_dit4dit_backend(world, tmp_path, monkeypatc
     jupytext.write(jupytext.read(Path(__file__).parents[1] / "notebooks" / "jobs" / "train.md"), nb)
     rd = tmp_path / "runs" / "nb_train"
     params = {"backend": "dit4dit", "checkout": cfg.checkout, "models_dir": cfg.models_dir, "data_dir": cfg.data_dir,
-              "dataset": DATASET, "model_python": sys.executable, "run_dir": str(rd)}  # fmt: skip
+              "dataset": DATASET, "model_python": cfg.model_python, "run_dir": str(rd)}  # fmt: skip
     papermill.execute_notebook(str(nb), str(tmp_path / "out.ipynb"), parameters=params, cwd=str(nb.parent))
     st = jobs.read_status(rd)
     assert st["backend"] == "dit4dit" and all(st["success_signs"].values()), st

@@ -450,6 +450,9 @@ UPSTREAM_TRAIN_STAGES: tuple[tuple[str, str | None], ...] = (
     ("final save", None),  # started once the last step's loss line is logged
 )
 #: The success sign each upstream stage leaves when it is done (keys of ``Diagnosis.signs``).
+#: A run of at most this many steps is the smoke test: each of its steps must log a loss line.
+SMOKE_TEST_STEPS = 2
+SMOKE_SIGN = "a loss line for every step"
 UPSTREAM_TRAIN_SIGNS = (
     "config loaded",
     "framework built",
@@ -1055,6 +1058,16 @@ def _diagnose_upstream_train(d: Diagnosis, text: str, tr: dict[str, _Any], errs:
             stage = UPSTREAM_TRAIN_STAGES[i][0]
             d.failed_stage, d.causes = stage, errs + list(UPSTREAM_TRAIN_CAUSES[stage])
             break
+    total = tr["total_steps"]
+    if total is not None and 0 < total <= SMOKE_TEST_STEPS:  # the smoke test: every step shows its loss
+        logged = sorted({int(s["step"]) for s in tr["steps"]})
+        d.signs[SMOKE_SIGN] = logged == list(range(1, int(total) + 1))
+        if not d.signs[SMOKE_SIGN] and d.failed_stage is None:
+            d.failed_stage = "training"
+            d.causes = [
+                f"the {int(total)}-step smoke test logged the loss of step(s) {logged or 'none'}, not of each of "
+                f"steps 1..{int(total)}: pass --trainer.logging_frequency 1 (upstream's default is 10)"
+            ]
 
 
 def _diagnose_download(d: Diagnosis, log: _Path) -> None:
