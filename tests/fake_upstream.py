@@ -685,7 +685,7 @@ def write_fake_env(root: str | os.PathLike, name: str, accelerate: bool = False)
     py.chmod(0o755)
     if accelerate:
         acc = bin_dir / "accelerate"
-        acc.write_text(f'#!/bin/sh\nFAKE_ENV={name} exec "{sys.executable}" "{bin_dir / "_accelerate.py"}" "$@"\n')
+        acc.write_text(f'#!/bin/sh\nFAKE_ENV={name} exec "{sys.executable}" "$(dirname "$0")/_accelerate.py" "$@"\n')
         acc.chmod(0o755)
         (bin_dir / "_accelerate.py").write_text(_ACCELERATE.format(python=sys.executable))
     return py

@@ -437,3 +437,208 @@ def test_train_job_notebook_runs_the_dit4dit_backend(world, tmp_path, monkeypatc
     st = jobs.read_status(rd)
     assert st["backend"] == "dit4dit" and all(st["success_signs"].values()), st
     assert "\x1b[" not in (rd / "train.log").read_text()  # no colour codes from the kernel's environment
+
+
+# --- chapter 7 as printed: two environments, N processes, LIBERO's prompt (issue 25) ------------------
+
+
+def _book_env_first(monkeypatch) -> None:
+    """PATH as on a GPU server where this book's venv is active: its python and accelerate first."""
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+
+
+HOSTILE_RUN_ID = "run\ntouch PWNED\n'q\"$HOME`touch PWNED2`$(touch PWNED3)"
+
+
+@pytest.mark.parametrize("run_id", ["dit4dit_smoke", HOSTILE_RUN_ID], ids=["plain", "hostile"])
+def test_chapter7_commands_sh_runs_as_printed(world, tmp_path, monkeypatch, run_id):
+    """`bridge prepare` then `bridge commands` with the flags chapter 7 shows, then `bash commands.sh`
+    with the book's venv first on PATH, no stdin, CUDA_VISIBLE_DEVICES unset: upstream's training runs
+    under upstream's environment, the client under LIBERO's without LIBERO's prompt, after the server
+    listens; a run_id with a newline, quotes, $ and backticks is a name, never a command."""
+    from tutorial_utils.bridge.cli import main
+
+    w, cfg = world
+    _book_env_first(monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    argv = ["--checkout", cfg.checkout, "--models-dir", cfg.models_dir, "--data-dir", cfg.data_dir,
+            "--runs-dir", cfg.runs_dir, "--model-python", cfg.model_python, "--libero-python", cfg.libero_python,
+            "--libero-home", cfg.libero_home, "--run-id", run_id, "--port", str(cfg.port)]  # fmt: skip
+    assert main(["prepare", *argv]) == 0
+    assert main(["commands", *argv]) == 0
+    script = Path(cfg.runs_dir).resolve() / run_id / C.COMMANDS_SH
+    text = script.read_text()
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    rcfg = dataclasses.replace(cfg, run_id=run_id)
+    parsed = C.parse_commands_sh(text)
+    for cmd in C.all_commands(rcfg):
+        assert (parsed[cmd.step].argv, parsed[cmd.step].env, parsed[cmd.step].log) == (cmd.argv, cmd.env, cmd.log)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    res = subprocess.run(["bash", str(script)], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         timeout=240)  # fmt: skip
+    run_dir = Path(cfg.runs_dir).resolve() / run_id
+    assert not list(cwd.glob("PWNED*")) and not list(run_dir.glob("PWNED*")), "a path was run as a command"
+    assert res.returncode == 0, res.stderr[-3000:] + _log(rcfg, C.eval_log_name("libero_spatial"))[-2000:]
+    train, ev = fake_upstream.record(cfg.checkout, "train"), fake_upstream.record(cfg.checkout, "eval")
+    assert train["env"]["FAKE_ENV"] == "model" and train["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert fake_upstream.record(cfg.checkout, "server")["env"]["FAKE_ENV"] == "model"
+    assert ev["env"]["FAKE_ENV"] == "libero" and ev["env"]["LIBERO_CONFIG_PATH"] == str(run_dir / "libero_config")
+    assert "Total episodes" in _log(rcfg, C.eval_log_name("libero_spatial"))
+    assert "server listening on" in _log(rcfg, C.SERVER_LOG)
+
+
+def test_commands_sh_without_libero_config_meets_libero_prompt(world, tmp_path):
+    """The defect the libero-config step removes: upstream's client without LIBERO's config.yaml
+    stops at LIBERO's stdin prompt (EOFError without stdin; a silent hang in a terminal)."""
+    _, cfg = world
+    cfg = dataclasses.replace(cfg, run_id="no_libero_config")
+    ev = C.eval_command(cfg)
+    env = dict(ev.child_env(), PYTHONPATH=ev.env["PYTHONPATH"])
+    res = subprocess.run(ev.argv, cwd=ev.cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert res.returncode != 0 and "EOFError" in res.stderr and "custom path for the dataset" in res.stdout
+
+
+def test_chapter7_train_job_smoke_under_the_gpu_profile(world, monkeypatch):
+    """`job run train.md -p backend dit4dit -p smoke True ...` with the gpu profile's defaults (20,000
+    steps, batch 64, a dataset of this book): the 2-step smoke test at batch 1 on upstream's dataset,
+    without -p dataset; without -p model_python, the book's own python on PATH is refused."""
+    import jupytext
+
+    from tutorial_utils import jobs
+    from tutorial_utils.errors import ConfigError
+    from tutorial_utils.train import job as train_job
+
+    w, cfg = world
+    nb = jupytext.read(Path(__file__).parents[1] / "notebooks" / "jobs" / "train.md")
+    gpu = {k: v for k, v in jobs.default_parameters(nb, "gpu").items() if k != "run_dir"}
+    assert gpu["steps"] >= 1000 and gpu["batch_size"] > 1  # what the profile alone would run
+    page = {"backend": "dit4dit", "smoke": True, "checkout": cfg.checkout, "models_dir": cfg.models_dir,
+            "data_dir": cfg.data_dir, "runs_dir": cfg.runs_dir, "model_python": cfg.model_python}  # fmt: skip
+    res = train_job.run_job(w / "runs" / "gpu_smoke", **{**gpu, **page})
+    argv = fake_upstream.record(cfg.checkout, "train")["argv"]
+    opt = {argv[i]: argv[i + 1] for i in range(1, len(argv) - 1) if argv[i].startswith("--")}
+    assert opt["--trainer.max_train_steps"] == "2" and opt["--datasets.vla_data.per_device_batch_size"] == "1"
+    assert res.steps_done == 2 and fake_upstream.record(cfg.checkout, "train")["env"]["FAKE_ENV"] == "model"
+    _book_env_first(monkeypatch)
+    with pytest.raises(ConfigError, match="model_python"):
+        train_job.run_job(w / "runs" / "gpu_smoke2", **{**gpu, **page, "model_python": ""})
+    with pytest.raises(ConfigError, match="smoke True"):  # a long run names upstream's dataset
+        train_job.run_job(w / "runs" / "gpu_long", **{**gpu, **page, "smoke": False})
+
+
+def test_num_processes_get_one_gpu_each(world, monkeypatch, tmp_path):
+    from tutorial_utils.errors import ConfigError
+
+    w, cfg = world
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    rec = tmp_path / "accelerate.json"
+    monkeypatch.setenv("FAKE_ACCELERATE_RECORD", str(rec))
+    two = dataclasses.replace(cfg, num_processes=2, run_id="two_gpus")
+    assert C.train_command(two).env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    run.train(two)  # the fake accelerate fails with CUDA's `invalid device ordinal` when ranks share GPU 0
+    got = __import__("json").loads(rec.read_text())
+    assert got["cuda"] == "0,1" and got["opts"]["--num_processes"] == "2" and got["fake_env"] == "model"
+    assert got["accelerate"] == str(Path(cfg.model_python).parent / "_accelerate.py")
+    with pytest.raises(ConfigError, match="own GPU"):
+        dataclasses.replace(two, cuda_visible_devices="0").check()
+    shared = dataclasses.replace(two, cuda_visible_devices="0", run_id="shared")
+    rc = run.run_step(dataclasses.replace(C.train_command(shared), env={**C.train_command(shared).env}))
+    assert rc != 0 and "invalid device ordinal" in _log(shared, C.TRAIN_LOG)
+
+
+def test_launcher_is_never_the_book_envs_by_accident(world, monkeypatch):
+    from tutorial_utils.errors import ConfigError
+
+    _, cfg = world
+    assert cfg.launch_argv() == [str(Path(cfg.model_python).parent / "accelerate"), "launch"]
+    bare = Path(cfg.model_python).parent / "python3-without-accelerate"
+    bare.symlink_to(cfg.model_python)
+    assert dataclasses.replace(cfg, model_python=str(bare)).launch_argv()[0] == cfg.model_python.replace(
+        "python", "accelerate"
+    )  # the accelerate beside it
+    lone = Path(cfg.checkout) / "lonely" / "python"
+    lone.parent.mkdir()
+    lone.symlink_to(cfg.model_python)
+    assert dataclasses.replace(cfg, model_python=str(lone)).launch_argv() == [
+        str(lone), "-m", "accelerate.commands.launch"
+    ]  # fmt: skip
+    assert dataclasses.replace(cfg, accelerate="/opt/acc").launch_argv() == ["/opt/acc", "launch"]
+    _book_env_first(monkeypatch)
+    with pytest.raises(ConfigError, match="this book's own environment"):
+        dataclasses.replace(cfg, model_python="python").check_interpreters()
+
+
+def test_long_runs_carry_the_official_recipe_overrides(world):
+    _, cfg = world
+    long = dataclasses.replace(cfg, steps=3, run_id="long_run")
+    argv = C.train_command(long, smoke=False).argv
+    for key, value in ck.RECIPE_OVERRIDES:
+        assert argv[argv.index(f"--{key}") + 1] == value
+    assert not any(a.startswith("--framework.cosmos25.flow_matching") for a in C.train_command(cfg).argv)
+    out = run.train(long, smoke=False)
+    fm = yaml.safe_load((Path(out["run_dir"]) / "config.yaml").read_text())["framework"]["cosmos25"]["flow_matching"]
+    assert fm == {"time_distribution": "uniform", "high_sigma_ratio": None, "high_sigma_min": None}
+
+
+def test_error_hints_name_commands_that_exist(world, monkeypatch):
+    """The missing config.yaml error names a command; run as written (placeholders filled), it works."""
+    import shlex
+
+    from tutorial_utils.bridge.cli import main
+
+    w, cfg = world
+    monkeypatch.setenv("KEEP_FINAL_MODEL", "1")
+    out = run.train(dataclasses.replace(cfg, run_id="hinted"))
+    run_dir = Path(out["run_dir"])
+    (run_dir / "config.yaml").unlink()
+    with pytest.raises(files.BridgeFileError) as e:
+        files.fix_cosmos_path(run_dir / "config.yaml", w / "models" / C.COSMOS_DIRNAME)
+    assert files.SERVING_CONFIG_HINT in str(e.value)
+    filled = files.SERVING_CONFIG_HINT.replace("RUN_DIR", str(run_dir))
+    for k, v in {"CHECKOUT": cfg.checkout, "MODELS": cfg.models_dir, "RUNS": cfg.runs_dir}.items():
+        filled = filled.replace(k, v)
+    words = shlex.split(filled)
+    assert words[:4] == ["python", "-m", "tutorial_utils", "bridge"]
+    assert main(words[4:]) == 0
+    served = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert served["framework"]["cosmos25"]["base_model"] == str((w / "models" / C.COSMOS_DIRNAME).resolve())
+
+
+def test_contract_pins_the_clients_tyro_parameter_and_modality_json(world):
+    import json
+
+    w, cfg = world
+    ev = w / "checkout" / ck.EVAL_PY
+    ev.write_text(ev.read_text().replace("def eval_libero(args: Args)", "def eval_libero(cfg: Args)"))
+    report = ck.contract_check(cfg.checkout)
+    assert [d.why for d in report.drift if d.file == ck.EVAL_PY], str(report)
+    # the rename really changes every flag: the client no longer takes --args.*
+    res = subprocess.run([sys.executable, str(ev), "--args.port", "1"], cwd=cfg.checkout, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": cfg.checkout})  # fmt: skip
+    assert res.returncode != 0 and "unrecognized arguments: --args.port" in res.stderr
+    mj = w / "checkout" / ck.MODALITY_JSON
+    data = json.loads(mj.read_text())
+    data["state"]["gripper"]["start"] = 6
+    data["video"]["extra"] = {"original_key": "observation.images.extra"}
+    mj.write_text(json.dumps(data))
+    drift = {d.expected: d.problem for d in ck.contract_check(cfg.checkout).drift if d.file == ck.MODALITY_JSON}
+    assert set(drift) == {"state.gripper.start", "video.extra.original_key"}, drift
+    assert "upstream 6, the bridge writes 7" in drift["state.gripper.start"]
+
+
+def test_smoke_diagnosis_needs_the_loss_line_of_both_steps(world):
+    from tutorial_utils import logs
+
+    _, cfg = world
+    _prepared(cfg)
+    cmd = C.train_command(cfg)
+    i = cmd.argv.index("--trainer.logging_frequency")
+    cmd = dataclasses.replace(cmd, argv=[*cmd.argv[: i + 1], "2", *cmd.argv[i + 2 :]])
+    assert run.run_step(cmd) == 0
+    d = logs.diagnose(Path(cmd.log).parent)
+    assert not d.ok and d.signs[logs.SMOKE_SIGN] is False and "logging_frequency 1" in " ".join(d.causes)
+    assert run.run_step(C.train_command(cfg)) == 0
+    d = logs.diagnose(Path(cmd.log).parent)
+    assert d.ok and d.signs[logs.SMOKE_SIGN]
