@@ -447,6 +447,29 @@ def _book_env_first(monkeypatch) -> None:
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
 
 
+CHAPTER7 = Path(__file__).parents[1] / "notebooks" / "07_dit4dit_gpu_path.md"
+
+
+def _chapter7_bridge_fields() -> list[str]:
+    """The BridgeConfig fields chapter 7's commands.sh cell sets (the page's configuration)."""
+    import re
+
+    text = CHAPTER7.read_text()
+    call = text[text.index("cfg = BridgeConfig(") : text.index(")\nscript = dry_run")]
+    return re.findall(r"(\w+)=", call)
+
+
+def _chapter7_job_params(job: str) -> list[str]:
+    """The `-p NAME` of chapter 7's `job run notebooks/jobs/<job>.md` command, in order."""
+    import re
+    import shlex
+
+    text = CHAPTER7.read_text().replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if f"job run notebooks/jobs/{job}.md" in ln)
+    words = shlex.split(line)
+    return [words[i + 1] for i, w in enumerate(words) if w == "-p" and re.match(r"\w+$", words[i + 1])]
+
+
 HOSTILE_RUN_ID = "run\ntouch PWNED\n'q\"$HOME`touch PWNED2`$(touch PWNED3)"
 
 
@@ -461,9 +484,10 @@ def test_chapter7_commands_sh_runs_as_printed(world, tmp_path, monkeypatch, run_
     w, cfg = world
     _book_env_first(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    argv = ["--checkout", cfg.checkout, "--models-dir", cfg.models_dir, "--data-dir", cfg.data_dir,
-            "--runs-dir", cfg.runs_dir, "--model-python", cfg.model_python, "--libero-python", cfg.libero_python,
-            "--libero-home", cfg.libero_home, "--run-id", run_id, "--port", str(cfg.port)]  # fmt: skip
+    fields = [f for f in _chapter7_bridge_fields() if f != "suite"]  # the page's configuration, as flags
+    assert {"model_python", "libero_python", "libero_home"} <= set(fields)
+    argv = [a for f in fields for a in (f"--{f.replace('_', '-')}", getattr(cfg, f))]
+    argv += ["--run-id", run_id, "--port", str(cfg.port)]
     assert main(["prepare", *argv]) == 0
     assert main(["commands", *argv]) == 0
     script = Path(cfg.runs_dir).resolve() / run_id / C.COMMANDS_SH
@@ -514,8 +538,9 @@ def test_chapter7_train_job_smoke_under_the_gpu_profile(world, monkeypatch):
     nb = jupytext.read(Path(__file__).parents[1] / "notebooks" / "jobs" / "train.md")
     gpu = {k: v for k, v in jobs.default_parameters(nb, "gpu").items() if k != "run_dir"}
     assert gpu["steps"] >= 1000 and gpu["batch_size"] > 1  # what the profile alone would run
-    page = {"backend": "dit4dit", "smoke": True, "checkout": cfg.checkout, "models_dir": cfg.models_dir,
-            "data_dir": cfg.data_dir, "runs_dir": cfg.runs_dir, "model_python": cfg.model_python}  # fmt: skip
+    values = {"backend": "dit4dit", "smoke": True, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}}
+    page = {name: values[name] for name in _chapter7_job_params("train")}  # exactly the page's -p flags
+    assert "dataset" not in page and page["smoke"] is True
     res = train_job.run_job(w / "runs" / "gpu_smoke", **{**gpu, **page})
     argv = fake_upstream.record(cfg.checkout, "train")["argv"]
     opt = {argv[i]: argv[i + 1] for i in range(1, len(argv) - 1) if argv[i].startswith("--")}
@@ -526,6 +551,19 @@ def test_chapter7_train_job_smoke_under_the_gpu_profile(world, monkeypatch):
         train_job.run_job(w / "runs" / "gpu_smoke2", **{**gpu, **page, "model_python": ""})
     with pytest.raises(ConfigError, match="smoke True"):  # a long run names upstream's dataset
         train_job.run_job(w / "runs" / "gpu_long", **{**gpu, **page, "smoke": False})
+
+
+def test_chapter7_evaluate_job_as_printed(world):
+    """The page's evaluate command: upstream's server and upstream's client in LIBERO's environment."""
+    from tutorial_utils.evaluate import chain
+
+    w, cfg = world
+    values = {"backend": "dit4dit", "smoke": True, **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}}
+    page = {name: values[name] for name in _chapter7_job_params("evaluate")}
+    result = chain.run_job(w / "runs" / "eval_page", suite="libero_spatial", trials_per_task=50, **page)
+    assert result.results["total_episodes"] == 1 and result.results["finished"]  # smoke: one trial per task
+    assert fake_upstream.record(cfg.checkout, "eval")["env"]["FAKE_ENV"] == "libero"
+    assert fake_upstream.record(cfg.checkout, "server")["env"]["FAKE_ENV"] == "model"
 
 
 def test_num_processes_get_one_gpu_each(world, monkeypatch, tmp_path):

@@ -555,3 +555,18 @@ def test_rerun_after_a_kill_resumes_exactly_when_the_installed_library_says_so(t
     assert claim is not None, "the installed huggingface_hub's behaviour is not known to the package"
     assert resumed == claim, (gets, claim)
     assert hub.resume_note().endswith("(finished files are kept)") != claim
+
+
+def test_chapter7_reads_manifest_keys_that_exist(fake_hub, tmp_path):
+    """Chapter 7 prints manifest fields; each must be a key verify writes (a misspelt key printed an
+    always-empty list of removed stale files)."""
+    import re
+
+    text = (Path(__file__).parents[1] / "notebooks" / "07_dit4dit_gpu_path.md").read_text()
+    keys = set(re.findall(r"manifest(?:\[|\.get\()['\"](\w+)['\"]", text))
+    keys |= {k for group in re.findall(r"manifest\[k\] for k in \(([^)]*)\)", text) for k in re.findall(r"\w+", group)}
+    assert "stale_incomplete_removed" in keys
+    dest = tmp_path / "ckpt"
+    hub.download("checkpoint", dest, endpoint=fake_hub.url, progress=False)
+    manifest = json.loads((dest / hub.MANIFEST).read_text())
+    assert keys <= set(manifest), keys - set(manifest)
