@@ -304,6 +304,7 @@ _record("server")
 
 import argparse
 import logging
+import os
 import threading
 import time
 
@@ -356,6 +357,7 @@ def main(args):
             logging.info(f"Connection from {{addr}} closed")
 
     logging.info("server running ...")
+    time.sleep(float(os.environ.get("FAKE_SERVER_DELAY", "0")))  # loading the model takes a while upstream
     with serve(handler, "0.0.0.0", args.port, compression=None, max_size=None) as server:
         if args.idle_timeout > 0:
             def watch():

@@ -499,6 +499,9 @@ def test_chapter7_commands_sh_runs_as_printed(world, tmp_path, monkeypatch, run_
         assert (parsed[cmd.step].argv, parsed[cmd.step].env, parsed[cmd.step].log) == (cmd.argv, cmd.env, cmd.log)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
+    # a server slower to listen than the client waits: only the script's readiness wait saves the run
+    monkeypatch.setenv("FAKE_SERVER_DELAY", "4")
+    monkeypatch.setenv("FAKE_UPSTREAM_CONNECT_TIMEOUT", "1")
     res = subprocess.run(["bash", str(script)], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                          timeout=240)  # fmt: skip
     run_dir = Path(cfg.runs_dir).resolve() / run_id
