@@ -515,6 +515,15 @@ def test_chapter7_commands_sh_runs_as_printed(world, tmp_path, monkeypatch, run_
     assert "server listening on" in _log(rcfg, C.SERVER_LOG)
 
 
+def test_commands_sh_refuses_a_path_that_is_not_utf8(world):
+    from tutorial_utils.errors import ConfigError
+
+    _, cfg = world
+    with pytest.raises(ConfigError, match=r"run_id=.*not UTF-8.*Fix: rename"):
+        C.dry_run(dataclasses.replace(cfg, run_id="run\udcff"), Path(cfg.runs_dir) / "c.sh")
+    assert not (Path(cfg.runs_dir) / "c.sh").exists() and not (Path(cfg.runs_dir) / "run\udcff").exists()
+
+
 def test_commands_sh_without_libero_config_meets_libero_prompt(world, tmp_path):
     """The defect the libero-config step removes: upstream's client without LIBERO's config.yaml
     stops at LIBERO's stdin prompt (EOFError without stdin; a silent hang in a terminal)."""

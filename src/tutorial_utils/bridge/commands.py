@@ -494,10 +494,26 @@ def dry_run(cfg: BridgeConfig, path: str | os.PathLike | None = None, smoke: boo
     cfg = cfg.resolved()
     cfg.check()
     cfg.check_interpreters()
+    out = Path(path) if path else cfg.run_dir / COMMANDS_SH
+    text = render_commands_sh(cfg, smoke)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a path with bytes that are not UTF-8 (they reach Python as surrogates)
+        bad = next(
+            (
+                f"{f}={getattr(cfg, f)!r}"
+                for f in cfg.__dataclass_fields__
+                if exc.object[exc.start] in str(getattr(cfg, f))
+            ),
+            repr(exc.object[max(0, exc.start - 40) : exc.end + 40]),
+        )
+        raise ConfigError(
+            f"{bad}: holds a byte that is not UTF-8, which commands.sh cannot quote faithfully. Fix: rename the "
+            "folder (or pick a run_id) with UTF-8 characters only."
+        ) from None
     write_launcher(cfg.run_dir, cfg.mixture, mixture_entries(cfg.dataset))
     write_libero_config_script(cfg.run_dir)
-    out = Path(path) if path else cfg.run_dir / COMMANDS_SH
-    atomic_write_text(out, render_commands_sh(cfg, smoke))
+    atomic_write_text(out, text)
     out.chmod(0o755)
     return out
 
