@@ -692,3 +692,17 @@ def test_smoke_diagnosis_needs_the_loss_line_of_both_steps(world):
     assert run.run_step(C.train_command(cfg)) == 0
     d = logs.diagnose(Path(cmd.log).parent)
     assert d.ok and d.signs[logs.SMOKE_SIGN]
+
+
+def test_smoke_switch_means_two_steps_on_the_mini_backend_too(tmp_path):
+    """`-p smoke True` under a profile's long sizes: 2 steps at batch 1 with a loss line each."""
+    from helpers import TINY_MINI
+    from tutorial_utils.train import job as train_job
+
+    res = train_job.run_job(tmp_path / "run", dataset="synthetic", steps=5000, batch_size=32, log_freq=100,
+                            eval_freq=500, save_freq=2500, smoke=True, **TINY_MINI)  # fmt: skip
+    assert res.steps_done == 2 and [r["step"] for r in train_job.metrics_table(tmp_path / "run")] == [1, 2]
+    import json
+
+    cfg = json.loads((tmp_path / "run" / "train_config.json").read_text())["train"]
+    assert (cfg["batch_size"], cfg["steps"], cfg["log_freq"]) == (1, 2, 1)
