@@ -473,8 +473,12 @@ def _chapter7_job_params(job: str) -> list[str]:
 HOSTILE_RUN_ID = "run\ntouch PWNED\n'q\"$HOME`touch PWNED2`$(touch PWNED3)"
 
 
-@pytest.mark.parametrize("run_id", ["dit4dit_smoke", HOSTILE_RUN_ID], ids=["plain", "hostile"])
-def test_chapter7_commands_sh_runs_as_printed(world, tmp_path, monkeypatch, run_id):
+@pytest.mark.parametrize(
+    "run_id,runs_sub",
+    [("dit4dit_smoke", ""), (HOSTILE_RUN_ID, ""), ("dit4dit_smoke", "runs\n$(touch PWNED4) `touch PWNED5` '\"$x")],
+    ids=["plain", "hostile-run_id", "hostile-runs_dir"],
+)
+def test_chapter7_commands_sh_runs_as_printed(world, tmp_path, monkeypatch, run_id, runs_sub):
     """`bridge prepare` then `bridge commands` with the flags chapter 7 shows, then `bash commands.sh`
     with the book's venv first on PATH, no stdin, CUDA_VISIBLE_DEVICES unset: upstream's training runs
     under upstream's environment, the client under LIBERO's without LIBERO's prompt, after the server
@@ -482,6 +486,8 @@ def test_chapter7_commands_sh_runs_as_printed(world, tmp_path, monkeypatch, run_
     from tutorial_utils.bridge.cli import main
 
     w, cfg = world
+    if runs_sub:
+        cfg = dataclasses.replace(cfg, runs_dir=str(Path(cfg.runs_dir) / runs_sub))
     _book_env_first(monkeypatch)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     fields = [f for f in _chapter7_bridge_fields() if f != "suite"]  # the page's configuration, as flags
@@ -505,7 +511,8 @@ def test_chapter7_commands_sh_runs_as_printed(world, tmp_path, monkeypatch, run_
     res = subprocess.run(["bash", str(script)], cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                          timeout=240)  # fmt: skip
     run_dir = Path(cfg.runs_dir).resolve() / run_id
-    assert not list(cwd.glob("PWNED*")) and not list(run_dir.glob("PWNED*")), "a path was run as a command"
+    pwned = [*cwd.glob("PWNED*"), *run_dir.glob("PWNED*"), *Path(cfg.runs_dir).glob("PWNED*")]
+    assert not pwned, "a path was run as a command"
     assert res.returncode == 0, res.stderr[-3000:] + _log(rcfg, C.eval_log_name("libero_spatial"))[-2000:]
     train, ev = fake_upstream.record(cfg.checkout, "train"), fake_upstream.record(cfg.checkout, "eval")
     assert train["env"]["FAKE_ENV"] == "model" and train["env"]["CUDA_VISIBLE_DEVICES"] == "0"
@@ -706,3 +713,40 @@ def test_smoke_switch_means_two_steps_on_the_mini_backend_too(tmp_path):
 
     cfg = json.loads((tmp_path / "run" / "train_config.json").read_text())["train"]
     assert (cfg["batch_size"], cfg["steps"], cfg["log_freq"]) == (1, 2, 1)
+
+
+def test_every_flag_an_error_names_exists(world, monkeypatch):
+    """The hints of the bridge's refusals name only `bridge` flags and job parameters that exist."""
+    import argparse
+    import re
+
+    from tutorial_utils.bridge import job as bridge_job
+    from tutorial_utils.errors import TutorialError
+    from tutorial_utils.params import add_arguments
+    from tutorial_utils.train.config import TrainConfig
+
+    w, cfg = world
+    ap = argparse.ArgumentParser()
+    add_arguments(ap, C.BridgeConfig)
+    flags = set(ap._option_string_actions)
+    params = {f.name for cls in (C.BackendParams, TrainConfig) for f in dataclasses.fields(cls)}
+    messages = []
+    _book_env_first(monkeypatch)
+    for bad in (
+        lambda: dataclasses.replace(cfg, num_processes=2, cuda_visible_devices="0").check(),
+        lambda: dataclasses.replace(cfg, model_python="python").check_interpreters(),
+        lambda: files.fix_cosmos_path(w / "nowhere" / "config.yaml", w / "models" / C.COSMOS_DIRNAME),
+        lambda: bridge_job.train_config(w / "runs" / "x", {"data_dir": cfg.data_dir, "steps": 100, "dataset": "nope"}),
+        lambda: C.BridgeConfig().check(),
+    ):
+        with pytest.raises(TutorialError) as e:
+            bad()
+        messages.append(str(e.value))
+    named = [f for msg in messages for f in re.findall(r"(?<![\w-])--[a-z][\w-]*", msg)]
+    assert {"--model-python", "--cuda-visible-devices", "--checkpoint"} <= set(named), named
+    for msg in messages:
+        for flag in re.findall(r"(?<![\w-])--[a-z][\w-]*", msg):
+            if not flag.startswith(("--trainer.", "--datasets.", "--framework.", "--args.")):
+                assert flag in flags, (flag, msg)
+        for name in re.findall(r"-p (\w+)", msg):
+            assert name in params, (name, msg)

@@ -169,12 +169,13 @@ class BridgeConfig:
             if getattr(self, n) < 1:
                 raise ConfigError(f"{n}={getattr(self, n)}: must be at least 1")
         devices = [d for d in self.cuda.split(",") if d.strip()]
+        ids = ",".join(str(i) for i in range(self.num_processes))
         if len(devices) < self.num_processes:
             raise ConfigError(
                 f"num_processes={self.num_processes} but CUDA_VISIBLE_DEVICES={self.cuda!r} shows {len(devices)} GPU(s): "
-                "every training process needs its own GPU. Fix: list one device per process "
-                f"(cuda_visible_devices {','.join(str(i) for i in range(self.num_processes))}) or unset "
-                "CUDA_VISIBLE_DEVICES."
+                "every training process needs its own GPU. Fix: list one device per process (export "
+                f"CUDA_VISIBLE_DEVICES={ids}, or `bridge commands --cuda-visible-devices {ids}`), or unset "
+                "CUDA_VISIBLE_DEVICES for 0..N-1."
             )
 
     def launch_argv(self) -> list[str]:
