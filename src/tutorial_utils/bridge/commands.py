@@ -520,23 +520,48 @@ def dry_run(cfg: BridgeConfig, path: str | os.PathLike | None = None, smoke: boo
 
 
 def _logical_lines(text: str) -> list[str]:
-    """Shell lines with continuations joined and quoted newlines kept inside their word."""
+    """The script's lines as bash reads them: a backslash-newline outside single quotes joins two
+    lines, a newline inside quotes belongs to its word, a comment runs to the end of its line.
+    (:func:`shlex.quote` writes single-quoted words, whose every byte is literal.)"""
     out: list[str] = []
-    buf = ""
-    for raw in text.replace("\\\n", " ").split("\n"):
-        buf = f"{buf}\n{raw}" if buf else raw
-        if buf.lstrip().startswith("#"):
-            out.append(buf)
-            buf = ""
+    buf: list[str] = []
+    quote = ""  # "'" or '"' while inside quotes
+    word_start = True
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote == "'":
+            quote = "" if ch == "'" else quote
+            buf.append(ch)
+        elif ch == "\\" and i + 1 < len(text):
+            if text[i + 1] == "\n":  # a line continuation: bash removes both characters
+                i += 2
+                continue
+            buf.append(text[i : i + 2])
+            i += 2
+            word_start = False
             continue
-        try:
-            shlex.split(buf, comments=True)
-        except ValueError:  # an open quote: the word goes on on the next line
+        elif quote == '"':
+            quote = "" if ch == '"' else quote
+            buf.append(ch)
+        elif ch in "'\"":
+            quote = ch
+            buf.append(ch)
+        elif ch == "#" and word_start:  # a comment: to the end of the line, quotes and all
+            end = text.find("\n", i)
+            end = len(text) if end < 0 else end
+            buf.append(text[i:end])
+            i = end
             continue
-        out.append(buf)
-        buf = ""
+        elif ch == "\n":
+            out.append("".join(buf))
+            buf = []
+        else:
+            buf.append(ch)
+        word_start = quote == "" and ch in " \t\n;&|()"
+        i += 1
     if buf:
-        out.append(buf)
+        out.append("".join(buf))
     return out
 
 
