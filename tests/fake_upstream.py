@@ -54,7 +54,7 @@ def _record(name):
 
     root = _Path(__file__).resolve().parents[{depth}]
     keys = ("PYTHONPATH", "WANDB_MODE", "CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-            "MASTER_ADDR", "LIBERO_CONFIG_PATH", "MUJOCO_GL", "HF_TOKEN", "KEEP_FINAL_MODEL")
+            "MASTER_ADDR", "LIBERO_CONFIG_PATH", "MUJOCO_GL", "HF_TOKEN", "KEEP_FINAL_MODEL", "FAKE_ENV")
     out = root / ".fake_records"
     out.mkdir(exist_ok=True)
     data = {{"argv": _sys.argv, "cwd": _os.getcwd(), "env": {{k: _os.environ.get(k) for k in keys}},
@@ -304,6 +304,7 @@ _record("server")
 
 import argparse
 import logging
+import os
 import threading
 import time
 
@@ -356,6 +357,7 @@ def main(args):
             logging.info(f"Connection from {{addr}} closed")
 
     logging.info("server running ...")
+    time.sleep(float(os.environ.get("FAKE_SERVER_DELAY", "0")))  # loading the model takes a while upstream
     with serve(handler, "0.0.0.0", args.port, compression=None, max_size=None) as server:
         if args.idle_timeout > 0:
             def watch():
@@ -439,13 +441,16 @@ class ModelClient:
         return self.client.infer(obs)["data"]["normalized_actions"]
 '''
 
-_EVAL = '''"""Fake examples/LIBERO/eval_files/eval_libero.py (a stand-in environment, no LIBERO)."""
+_EVAL = '''"""Fake examples/LIBERO/eval_files/eval_libero.py (a stand-in environment; LIBERO imported for its config)."""
 {record}
 _record("eval")
 
 import argparse
+import dataclasses
+import inspect
 import logging
-import os
+import types
+import typing
 
 import numpy as np
 
@@ -453,24 +458,40 @@ from DiT4DiT.training.trainer_utils import overwatch  # noqa: F401  (Rich on the
 from examples.LIBERO.eval_files.model2libero_interface import ModelClient
 
 
+def _tyro_cli(fn):
+    """tyro's naming: one dataclass parameter `p` gives the flags --p.<field-with-dashes>."""
+    (name, _), = inspect.signature(fn).parameters.items()
+    cls = typing.get_type_hints(fn)[name]
+    parser = argparse.ArgumentParser()
+    for f in dataclasses.fields(cls):
+        parser.add_argument(f"--{{name}}.{{f.name.replace('_', '-')}}", dest=f.name, type=f.type, default=f.default)
+    return fn(cls(**vars(parser.parse_args())))
+
+
+tyro = types.SimpleNamespace(cli=_tyro_cli)
+
+
+@dataclasses.dataclass
+class Args:
+    host: str = "127.0.0.1"
+    port: int = 10093
+    task_suite_name: str = "libero_goal"
+    num_trials_per_task: int = 50
+    video_out_path: str = "experiments/libero/logs"
+    pretrained_path: str = ""
+    seed: int = 7
+
+
 def _binarize_gripper_open(open_val: np.ndarray | float) -> np.ndarray:
     return np.asarray([1.0 - 2.0 * (float(np.asarray(open_val).reshape(-1)[0]) > 0.5)], np.float32)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    for name, default in (("host", "127.0.0.1"), ("port", "10093"), ("task-suite-name", "libero_goal"),
-                          ("num-trials-per-task", "50"), ("video-out-path", "experiments/libero/logs"),
-                          ("pretrained-path", ""), ("seed", "7")):
-        p.add_argument(f"--args.{{name}}", default=default)
-    a = vars(p.parse_args())
-    # tyro field names: host: str, port: int, task_suite_name: str, num_trials_per_task: int,
-    # video_out_path: str, pretrained_path: str
-    if not os.environ.get("LIBERO_CONFIG_PATH"):
-        logging.warning("LIBERO_CONFIG_PATH is not set: LIBERO would ask for its config on first import")
-    client = ModelClient(a["args.host"], int(a["args.port"]))
-    n, ok = int(a["args.num_trials_per_task"]), 0
-    logging.info(f"Task suite: {{a['args.task_suite_name']}}")
+def eval_libero(args: Args) -> None:
+    from libero.libero import benchmark  # noqa: F401  (LIBERO reads, or asks for, its config.yaml here)
+
+    client = ModelClient(args.host, int(args.port))
+    n, ok = int(args.num_trials_per_task), 0
+    logging.info(f"Task suite: {{args.task_suite_name}}")
     for task in ("pick up the black bowl and place it on the plate",):
         logging.info(f"\\nTask: {{task}}")
         for ep in range(n):
@@ -488,11 +509,14 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    tyro.cli(eval_libero)
 '''
 
 _ACCELERATE = '''#!{python}
-"""Fake `accelerate launch`: sets the process-group environment and runs the script."""
+"""Fake `accelerate launch`: records itself, gives each rank its own GPU as accelerate does (rank r
+uses the r-th visible device: too few visible devices is CUDA's `invalid device ordinal`), and runs
+the script with the Python of its own environment (the `python` beside it, else this one)."""
+import json
 import os
 import sys
 
@@ -504,12 +528,41 @@ opts = {{}}
 while args and args[0].startswith("--"):
     opts[args[0]] = args[1]
     args = args[2:]
+here = os.path.dirname(os.path.abspath(__file__))
+rec = os.environ.get("FAKE_ACCELERATE_RECORD")
+if rec:
+    with open(rec, "w") as fh:
+        json.dump({{"accelerate": os.path.abspath(__file__), "opts": opts, "fake_env": os.environ.get("FAKE_ENV"),
+                   "cuda": os.environ.get("CUDA_VISIBLE_DEVICES")}}, fh)
 cfg = opts.get("--config_file")
 if cfg and not os.path.isfile(cfg):
     sys.exit(f"fake accelerate: config file {{cfg}} not found (relative to {{os.getcwd()}})")
-env = dict(os.environ, WORLD_SIZE=opts.get("--num_processes", "1"), RANK="0", LOCAL_RANK="0",
-           MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
-os.execve(sys.executable, [sys.executable, *args], env)
+n = int(opts.get("--num_processes", "1"))
+visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+if "CUDA_VISIBLE_DEVICES" in os.environ and len(visible) < n:
+    sys.exit(f"RuntimeError: CUDA error: invalid device ordinal (rank {{len(visible)}} of {{n}}, "
+             f"CUDA_VISIBLE_DEVICES={{os.environ['CUDA_VISIBLE_DEVICES']!r}})")
+python = os.path.join(here, "python") if os.path.isfile(os.path.join(here, "python")) else sys.executable
+env = dict(os.environ, WORLD_SIZE=str(n), RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+os.execve(python, [python, *args], env)
+'''
+
+_LIBERO_INIT = '''"""Fake LIBERO (libero/libero/__init__.py): reads $LIBERO_CONFIG_PATH/config.yaml, or asks on stdin."""
+import os
+
+import yaml
+
+libero_config_path = os.environ.get("LIBERO_CONFIG_PATH", os.path.expanduser("~/.libero"))
+config_file = os.path.join(libero_config_path, "config.yaml")
+if not os.path.exists(config_file):
+    print("Initializing the default config file...")
+    print(f"The following information is stored in the config file: {config_file}")
+    answer = input("Do you want to specify a custom path for the dataset folder? (Y/N): ")
+    raise SystemExit("fake LIBERO: a person answered the prompt; a script must not get here")
+with open(config_file) as f:
+    _config = yaml.safe_load(f)
+for _key in ("benchmark_root", "bddl_files", "init_states", "assets"):
+    assert os.path.isdir(_config[_key]), f"LIBERO config {config_file}: {_key} {_config[_key]} is not a folder"
 '''
 
 _LIBERO_YAML = """run_id: dit4dit
@@ -520,6 +573,10 @@ framework:
   cosmos25:
     extract_layer: 17
     base_model: /path/to/Cosmos-Predict2.5-2B
+    flow_matching:
+      time_distribution: logit_normal
+      high_sigma_ratio: 0.05
+      high_sigma_min: 0.98
   action_model:
     action_dim: 8
     state_dim: 16
@@ -604,6 +661,36 @@ def write_fake_checkout(root: str | os.PathLike) -> Path:
     acc.write_text(_ACCELERATE.format(python=sys.executable))
     acc.chmod(0o755)
     return root
+
+
+def write_fake_libero(root: str | os.PathLike) -> Path:
+    """A LIBERO checkout at ``root`` (pass it as ``libero_home``): ``import libero.libero`` reads
+    ``$LIBERO_CONFIG_PATH/config.yaml`` and, without it, asks on stdin as LIBERO does."""
+    root = Path(root)
+    pkg = root / "libero" / "libero"
+    for sub in ("bddl_files", "init_files", "assets"):
+        (pkg / sub).mkdir(parents=True, exist_ok=True)
+    (root / "libero" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(_LIBERO_INIT)
+    (pkg / "benchmark.py").write_text('"""Fake LIBERO benchmark registry."""\n')
+    return root
+
+
+def write_fake_env(root: str | os.PathLike, name: str, accelerate: bool = False) -> Path:
+    """A second Python environment at ``root``: ``bin/python`` runs this interpreter with
+    ``FAKE_ENV=<name>`` (the fake scripts record it), and with ``accelerate`` a ``bin/accelerate``
+    that runs scripts with that ``python``. Returns the ``python`` path."""
+    bin_dir = Path(root) / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    py = bin_dir / "python"
+    py.write_text(f'#!/bin/sh\nFAKE_ENV={name} exec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
+    if accelerate:
+        acc = bin_dir / "accelerate"
+        acc.write_text(f'#!/bin/sh\nFAKE_ENV={name} exec "{sys.executable}" "$(dirname "$0")/_accelerate.py" "$@"\n')
+        acc.chmod(0o755)
+        (bin_dir / "_accelerate.py").write_text(_ACCELERATE.format(python=sys.executable))
+    return py
 
 
 def write_fake_models(models_dir: str | os.PathLike, cosmos_placeholder: str = "/path/to/Cosmos-Predict2.5-2B") -> Path:

@@ -502,7 +502,7 @@ def test_upstream_train_success_path(tmp_path, variant):
     text = U.train_log(U.make(variant))
     d = L.diagnose(_write(tmp_path, train__log=text))
     assert d.ok and d.detectors == [], str(d)
-    assert list(d.signs) == list(L.UPSTREAM_TRAIN_SIGNS) and all(d.signs.values())
+    assert list(d.signs) == [*L.UPSTREAM_TRAIN_SIGNS, L.SMOKE_SIGN] and all(d.signs.values())  # a 2-step log
     assert d.figures["run_id"] == U.RUN_ID and d.figures["final_model"] == f"{U.RUN_DIR}/final_model"
     tr = L.parse_train_log(text)
     assert (tr["total_params"], tr["trainable_params"], tr["frozen_params"]) == (2156235080, 163073544, 1993161536)

@@ -8,6 +8,7 @@ disk do to a download.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -158,8 +159,13 @@ def test_gated_403_and_missing_or_wrong_token_401_teach(fake_hub, tmp_path, caps
 def test_repo_and_revision_not_found(fake_hub, tmp_path):
     from dataclasses import replace
 
-    with pytest.raises(hub.HubNotFoundError, match="repository not found"):
+    with pytest.raises(hub.HubNotFoundError, match="repository not found") as e:
         hub.plan(get_asset("dataset:libero_goal"), endpoint=fake_hub.url)
+    # the fix names only flags and commands that exist
+    assert "--repo-type" not in str(e.value) and "`python -m tutorial_utils hub list`" in str(e.value)
+    from tutorial_utils.hub.cli import main as hub_main
+
+    assert hub_main(["list"]) == 0
     with pytest.raises(hub.HubNotFoundError, match="revision 'nope' not found"):
         hub.download(replace(get_asset("checkpoint"), revision="nope"), tmp_path / "x", endpoint=fake_hub.url)
 
@@ -473,3 +479,94 @@ def test_cli_serve_then_plan_against_it(tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
+
+
+# --- stop and resume (issue 25) ----------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _start_stalled_download(server, dest):
+    server.add(LocalRepo(ASSETS["checkpoint"].repo_id, _ckpt_files(3_000_000)))
+    server.stall(BIG, at=1_000_000, seconds=120)
+    cmd = [sys.executable, "-m", "tutorial_utils", "hub", "download", "checkpoint", "--dest", str(dest)]
+    proc = subprocess.Popen(  # a read timeout longer than the test: the child cannot end by itself
+        [*cmd, "--endpoint", server.url, "--timeout", "300"], env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+        stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert server.stalled.wait(60), "the download never reached the big file"
+    kids = _children(proc.pid)
+    assert len(kids) == 1, kids
+    return proc, kids[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_killing_hub_download_stops_its_download_child(tmp_path, sig):
+    """`kill` (SIGTERM) of the CLI stops its snapshot_download child before it exits; even SIGKILL,
+    which the CLI cannot handle, takes the child along (PR_SET_PDEATHSIG): nothing is left re-parented."""
+    with LocalHub() as server:
+        proc, child = _start_stalled_download(server, tmp_path / "dit4dit-model")
+        try:
+            os.kill(proc.pid, sig)  # the CLI only, not its process group
+            proc.wait(30)
+            deadline = time.monotonic() + 8
+            while _alive(child) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _alive(child), f"the download child {child} outlived `hub download` ({sig!r})"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    if sig == signal.SIGTERM:
+        assert proc.returncode != 0
+
+
+def test_rerun_after_a_kill_resumes_exactly_when_the_installed_library_says_so(tmp_path):
+    """The claim the help and chapter 7 print (`resumes_interrupted_files`) against what the
+    installed huggingface_hub does: a rerun after a kill mid-file asks for the rest with a Range
+    request only if it resumes."""
+    dest = tmp_path / "dit4dit-model"
+    with LocalHub() as server:
+        proc, _ = _start_stalled_download(server, dest)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        server.faults.clear()
+        server.ranges.clear()
+        out = hub.download("checkpoint", dest, endpoint=server.url, progress=False)
+        gets = [r for m, path, r in server.ranges if m == "GET" and path.endswith(BIG)]
+    assert out["verify"]["ok"] and gets
+    resumed = any(r.startswith("bytes=") and not r.startswith("bytes=0-") for r in gets)
+    claim = hub.resumes_interrupted_files()
+    assert claim is not None, "the installed huggingface_hub's behaviour is not known to the package"
+    assert resumed == claim, (gets, claim)
+    assert hub.resume_note().endswith("(finished files are kept)") != claim
+
+
+def test_chapter7_reads_manifest_keys_that_exist(fake_hub, tmp_path):
+    """Chapter 7 prints manifest fields; each must be a key verify writes (a misspelt key printed an
+    always-empty list of removed stale files)."""
+    import re
+
+    text = (Path(__file__).parents[1] / "notebooks" / "07_dit4dit_gpu_path.md").read_text()
+    keys = set(re.findall(r"manifest(?:\[|\.get\()['\"](\w+)['\"]", text))
+    keys |= {k for group in re.findall(r"manifest\[k\] for k in \(([^)]*)\)", text) for k in re.findall(r"\w+", group)}
+    assert "stale_incomplete_removed" in keys
+    dest = tmp_path / "ckpt"
+    hub.download("checkpoint", dest, endpoint=fake_hub.url, progress=False)
+    manifest = json.loads((dest / hub.MANIFEST).read_text())
+    assert keys <= set(manifest), keys - set(manifest)

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from tutorial_utils import machine
@@ -70,3 +72,25 @@ def test_an_offscreen_gl_backend_works_here():
     results = machine.gl_backends()
     pick, msg = machine.gl_verdict(results)
     assert pick is not None, msg
+
+
+def test_gl_verdict_tells_a_missing_python_module_from_a_missing_system_library(tmp_path, monkeypatch):
+    """A `mujoco` that is not importable is a pip problem (this interpreter), not Debian GL packages."""
+    # a real probe in a child whose `mujoco` import fails as on a machine without the package
+    blocker = tmp_path / "block"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\nclass _Block:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'mujoco':\n            raise ModuleNotFoundError(\"No module named 'mujoco'\", name='mujoco')\n"
+        "sys.meta_path.insert(0, _Block())\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    results = machine.gl_backends()
+    assert all(not r["ok"] and r["kind"] == "module" for r in results.values()), results
+    pick, msg = machine.gl_verdict(results)
+    assert pick is None and "pip install mujoco" in msg and "apt-get" not in msg
+    # a system library that is missing keeps the Debian hint
+    lib = {"ok": False, "detail": "OSError: libEGL.so.1: cannot open shared object file", "package": ""}
+    pick, msg = machine.gl_verdict({"egl": lib, "osmesa": dict(lib, detail="AttributeError: 'NoneType' ...")})
+    assert pick is None and "apt-get install" in msg and "pip install" not in msg
+    assert machine.gl_failure_kind("ModuleNotFoundError: No module named 'mujoco._render'") == ("module", "mujoco")

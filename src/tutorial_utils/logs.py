@@ -450,6 +450,9 @@ UPSTREAM_TRAIN_STAGES: tuple[tuple[str, str | None], ...] = (
     ("final save", None),  # started once the last step's loss line is logged
 )
 #: The success sign each upstream stage leaves when it is done (keys of ``Diagnosis.signs``).
+#: A run of at most this many steps is the smoke test: each of its steps must log a loss line.
+SMOKE_TEST_STEPS = 2
+SMOKE_SIGN = "a loss line for every step"
 UPSTREAM_TRAIN_SIGNS = (
     "config loaded",
     "framework built",
@@ -1020,6 +1023,7 @@ def _diagnose_train(d: Diagnosis, train_log: _Path) -> None:
     errs = [f"error in the log: {e}" for e in [e for e in tr["errors"] if not _LAUNCHER_ERROR.search(e)][-2:]]
     if _UPSTREAM_TRAIN_MARKER.search(text) or any(f["stage"] for f in found):
         _diagnose_upstream_train(d, text, tr, errs)
+        _smoke_check(d, tr)
         _apply_detectors(d, found, tuple(s for s, _ in UPSTREAM_TRAIN_STAGES))
         return
     d.signs = {
@@ -1031,7 +1035,22 @@ def _diagnose_train(d: Diagnosis, train_log: _Path) -> None:
         if not d.signs[sign]:
             d.failed_stage, d.causes = stage, errs + list(causes)
             break
+    _smoke_check(d, tr)
     _apply_detectors(d, found, tuple(stage for _, stage, _ in _TRAIN_STAGES))
+
+
+def _smoke_check(d: Diagnosis, tr: dict[str, _Any]) -> None:
+    """A run of at most :data:`SMOKE_TEST_STEPS` steps is the smoke test: each step must show its loss."""
+    total = tr["total_steps"]
+    if total is not None and 0 < total <= SMOKE_TEST_STEPS:  # the smoke test: every step shows its loss
+        logged = sorted({int(s["step"]) for s in tr["steps"]})
+        d.signs[SMOKE_SIGN] = logged == list(range(1, int(total) + 1))
+        if not d.signs[SMOKE_SIGN] and d.failed_stage is None:
+            d.failed_stage = "training"
+            d.causes = [
+                f"the {int(total)}-step smoke test logged the loss of step(s) {logged or 'none'}, not of each of "
+                f"steps 1..{int(total)}: pass --trainer.logging_frequency 1 (upstream's default is 10)"
+            ]
 
 
 def _diagnose_upstream_train(d: Diagnosis, text: str, tr: dict[str, _Any], errs: list[str]) -> None:

@@ -332,16 +332,51 @@ def probe_gl(backend: str, timeout: float = 60.0) -> tuple[bool, str]:
     return False, lines[-1] if lines else f"exit code {out.returncode}"
 
 
+def gl_failure_kind(detail: str) -> tuple[str, str]:
+    """(kind, name) of a failed GL probe: ``("module", "mujoco")`` when a Python module is not
+    importable (a pip problem), else ``("library", "")``: a system library or GL driver problem."""
+    import re
+
+    m = re.search(r"No module named '([^']+)'", detail or "")
+    if m:
+        return "module", m.group(1).split(".")[0]
+    return "library", ""
+
+
 def gl_backends(backends: tuple[str, ...] = ("egl", "osmesa")) -> dict[str, dict[str, Any]]:
-    return {b: dict(zip(("ok", "detail"), probe_gl(b)), package=GL_PACKAGES[b]) for b in backends}
+    out = {}
+    for b in backends:
+        ok, detail = probe_gl(b)
+        out[b] = {
+            "ok": ok,
+            "detail": detail,
+            "package": GL_PACKAGES[b],
+            "kind": None if ok else gl_failure_kind(detail)[0],
+        }
+    return out
 
 
 def gl_verdict(results: dict[str, dict[str, Any]]) -> tuple[str | None, str]:
+    """The backend to use and a message; when none works, the fix for the kind of failure: a
+    Python module that is not importable (pip, in this interpreter) is not a missing system
+    library (the Debian GL packages)."""
     working = [b for b, r in results.items() if r["ok"]]
     if working:
         return working[0], f"MuJoCo renders offscreen with MUJOCO_GL={working[0]}"
+    modules = sorted({gl_failure_kind(r.get("detail", ""))[1] for r in results.values()} - {""})
+    if modules:
+        names = " ".join(modules)
+        return None, (
+            f"the Python module {', '.join(modules)} is not importable by {sys.executable} (a Python package, "
+            f"not a system library): install it into this environment with `{sys.executable} -m pip install "
+            f"{names}` (or `pip install -r requirements.txt`), then rerun `python -m tutorial_utils doctor`"
+        )
     pkgs = " ".join(GL_PACKAGES[b] for b in results)
-    return None, f"no offscreen GL backend works: install the Debian packages with `sudo apt-get install -y {pkgs}`"
+    details = "; ".join(f"{b}: {r.get('detail', '')}" for b, r in results.items())
+    return None, (
+        f"no offscreen GL backend works ({details}): a system GL library is missing; install the Debian "
+        f"packages with `sudo apt-get install -y {pkgs}`"
+    )
 
 
 # --- the whole report ---------------------------------------------------------------------------

@@ -33,6 +33,23 @@ WS_CLIENT_PY = "deployment/model_server/tools/websocket_policy_client.py"
 EVAL_PY = "examples/LIBERO/eval_files/eval_libero.py"
 INTERFACE_PY = "examples/LIBERO/eval_files/model2libero_interface.py"
 MODALITY_JSON = "examples/LIBERO/train_files/modality.json"
+#: The client's entry point and its one parameter: tyro makes every flag ``--<param>.<field-with-dashes>``
+#: from that parameter's name (``eval_libero(args: Args)`` -> ``--args.task-suite-name``).
+#: The official recipe's flow-matching overrides (upstream ``examples/LIBERO/train_files/run_libero.sh``),
+#: where the YAML has logit_normal with 0.05/0.98: longer runs carry them, the smoke test does not need them.
+RECIPE_OVERRIDES = (
+    ("framework.cosmos25.flow_matching.time_distribution", "uniform"),
+    ("framework.cosmos25.flow_matching.high_sigma_ratio", "null"),
+    ("framework.cosmos25.flow_matching.high_sigma_min", "null"),
+)
+CLIENT_FUNCTION = "eval_libero"
+CLIENT_ARGS_PARAM = "args"
+
+
+def client_flag(field_name: str) -> str:
+    """Upstream's client flag for one ``Args`` field: ``task_suite_name`` -> ``--args.task-suite-name``."""
+    return f"--{CLIENT_ARGS_PARAM}.{field_name.replace('_', '-')}"
+
 
 #: Every file the bridge uses, and what for.
 REQUIRED_FILES: dict[str, str] = {
@@ -114,6 +131,10 @@ CONTRACTS: tuple[Contract, ...] = (
     _c(LIBERO_YAML, "trainer.freeze_modules", "--trainer.freeze_modules", "yaml_key"),
     _c(LIBERO_YAML, "trainer.max_train_steps", "--trainer.max_train_steps", "yaml_key"),
     _c(LIBERO_YAML, "trainer.logging_frequency", "--trainer.logging_frequency", "yaml_key"),
+    *(
+        _c(LIBERO_YAML, key, f"the official recipe's override --{key} (longer runs)", "yaml_key")
+        for key, _ in RECIPE_OVERRIDES
+    ),
     _c(LIBERO_YAML, "run_root_dir", "--run_root_dir", "yaml_key"),
     _c(LIBERO_YAML, "run_id", "--run_id", "yaml_key"),
     _c(MIXTURES_PY, "DATASET_NAMED_MIXTURES", "the launcher adds one entry to this dict in memory"),
@@ -148,6 +169,18 @@ CONTRACTS: tuple[Contract, ...] = (
     _c(SHARE_TOOLS_PY, "parents[1]", "config.yaml is looked up at <pt>.parents[1]"),
     # evaluation client (tyro: field task_suite_name is --args.task-suite-name)
     _c(EVAL_PY, "tyro", "the client's flags are tyro's --args.<field-with-dashes>"),
+    _c(
+        EVAL_PY,
+        rf"def\s+{CLIENT_FUNCTION}\s*\(\s*{CLIENT_ARGS_PARAM}\s*:",
+        f"tyro names every flag after this parameter: --{CLIENT_ARGS_PARAM}.<field>",
+        "regex",
+    ),
+    _c(
+        EVAL_PY,
+        rf"tyro\.cli\(\s*{CLIENT_FUNCTION}\s*\)",
+        f"tyro builds the flags from {CLIENT_FUNCTION}'s signature",
+        "regex",
+    ),
     _c(EVAL_PY, r"\bhost\s*:", "--args.host", "regex"),
     _c(EVAL_PY, r"\bport\s*:", "--args.port", "regex"),
     _c(EVAL_PY, r"\btask_suite_name\s*:", "--args.task-suite-name", "regex"),
@@ -159,6 +192,9 @@ CONTRACTS: tuple[Contract, ...] = (
     _c(WS_CLIENT_PY, "Failed to connect to server within", "the client connect timeout the diagnosis reads"),
     _c(WS_CLIENT_PY, "Error in inference server", "the server error the diagnosis reads"),
     _c(WS_CLIENT_PY, "ping_interval", "the Python 3.8 patch drops it for websockets 13.1"),
+    _c(
+        MODALITY_JSON, "", "the modality.json the bridge writes (data.modality's libero preset), key by key", "modality"
+    ),
 )
 
 
@@ -210,6 +246,38 @@ def yaml_key_exists(data: object, dotted: str) -> bool:
     return True
 
 
+def _flatten(node: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(node, dict) and node:
+        out: dict[str, object] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: node}
+
+
+def modality_differences(upstream_text: str) -> list[tuple[str, str]]:
+    """``[(key, problem)]`` between upstream's ``modality.json`` and the one the bridge writes
+    (:data:`tutorial_utils.data.modality.LIBERO_MODALITY`), compared key by key (dotted paths)."""
+    import json
+
+    from tutorial_utils.data.modality import LIBERO_MODALITY
+
+    try:
+        theirs = _flatten(json.loads(upstream_text))
+    except json.JSONDecodeError as exc:
+        return [("(the whole file)", f"unreadable JSON ({exc})")]
+    ours = _flatten(LIBERO_MODALITY)
+    out = []
+    for key in sorted(set(theirs) | set(ours)):
+        if key not in ours:
+            out.append((key, f"upstream has it ({theirs[key]!r}), the bridge's modality.json does not"))
+        elif key not in theirs:
+            out.append((key, f"the bridge writes it ({ours[key]!r}), upstream's modality.json does not have it"))
+        elif theirs[key] != ours[key]:
+            out.append((key, f"upstream {theirs[key]!r}, the bridge writes {ours[key]!r}"))
+    return out
+
+
 def contract_check(path: str | os.PathLike) -> ContractReport:
     """Grep the checkout for every :data:`CONTRACTS` entry; the report lists what drifted."""
     import yaml
@@ -239,6 +307,10 @@ def contract_check(path: str | os.PathLike) -> ContractReport:
                 report.drift.append(Drift(c.file, c.needle, c.why, f"unreadable YAML ({str(data).splitlines()[0]})"))
             elif not yaml_key_exists(data, c.needle):
                 report.drift.append(Drift(c.file, c.needle, c.why, "key missing"))
+            continue
+        if c.kind == "modality":
+            for key, problem in modality_differences(text):
+                report.drift.append(Drift(c.file, key, c.why, problem))
             continue
         found = re.search(c.needle, text) if c.kind == "regex" else c.needle in text
         if not found:

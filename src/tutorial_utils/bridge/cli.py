@@ -17,7 +17,8 @@ files are never edited.
   check CHECKOUT             are the files the bridge uses there?
   contract CHECKOUT          are the flags, config keys and log lines it relies on still there?
   commands --checkout ...    write commands.sh (train smoke test, server, LIBERO client); runs nothing
-  prepare --checkout ...     modality.json into the dataset, the mixture launcher, the Cosmos path fix
+  prepare --checkout ...     modality.json into the dataset, the mixture launcher, the Cosmos path fix;
+                             with --checkpoint RUN/final_model/pytorch_model.pt: the config.yaml to serve it
   patch-py38 CHECKOUT        the Python 3.8 client fixes as a patch (printed or written, never applied)
 """
 
@@ -108,12 +109,17 @@ def _run(args: argparse.Namespace) -> int:
     # prepare
     cfg.check()
     checkout.validate_checkout(cfg.checkout)
-    if cfg.data_dir:
+    if cfg.data_dir and not cfg.checkpoint:
         m = files.write_modality(f"{cfg.data_dir}/{cfg.dataset}")
         print(f"modality.json: {m['path']} ({'written' if m['written'] else 'already there, valid'})")
     lp = launcher.write_launcher(cfg.run_dir, cfg.mixture, launcher.mixture_entries(cfg.dataset))
     print(f"mixture launcher: {lp} (registers {cfg.mixture!r} in memory; mixtures.py is not edited)")
-    if not args.no_cosmos_fix:
+    if cfg.checkpoint and not (cfg.serve_checkpoint.parents[1] / files.CONFIG_YAML).is_file():
+        # a run's own final_model: the released config.yaml with this machine's Cosmos path beside it
+        released = cfg.released_checkpoint.parents[1] / files.CONFIG_YAML
+        served = files.write_serving_config(cfg.serve_checkpoint, cfg.cosmos_dir, released_config=released)
+        print(f"serving config: wrote {served.path} (from {released}, Cosmos path {cfg.cosmos_dir})")
+    elif not args.no_cosmos_fix:
         cy = cfg.serve_checkpoint.parents[1] / files.CONFIG_YAML
         fix = files.fix_cosmos_path(cy, cfg.cosmos_dir)
         state = (

@@ -16,7 +16,15 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tutorial_utils.bridge.checkout import DEEPSPEED_YAML, EVAL_PY, LIBERO_YAML, SERVER_PY, TRAIN_PY
+from tutorial_utils.bridge.checkout import (
+    DEEPSPEED_YAML,
+    EVAL_PY,
+    LIBERO_YAML,
+    RECIPE_OVERRIDES,
+    SERVER_PY,
+    TRAIN_PY,
+    client_flag,
+)
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.params import param
 from tutorial_utils.sim.libero_env import SUITES
@@ -25,6 +33,10 @@ COMMANDS_SH = "commands.sh"
 TRAIN_LOG = "train.log"
 SERVER_LOG = "server.log"
 COSMOS_DIRNAME = "Cosmos-Predict2.5-2B"
+LIBERO_CONFIG_DIRNAME = "libero_config"
+#: The websockets library's line once the server's port is bound (upstream logs ``server running``
+#: before it binds); commands.sh and :mod:`tutorial_utils.bridge.run` wait for it.
+SERVER_READY_LINE = "server listening on"
 CHECKPOINT_DIRNAME = "dit4dit-model"
 #: The released LIBERO checkpoint inside ``models_dir`` (``hf download ... --include "dit4dit_libero/*"``).
 RELEASED_CHECKPOINT = f"{CHECKPOINT_DIRNAME}/dit4dit_libero/final_model/pytorch_model.pt"
@@ -54,8 +66,27 @@ class BackendParams:
     models_dir: str = param("", "dit4dit: folder holding dit4dit-model/ and Cosmos-Predict2.5-2B/", "backend")
     data_dir: str = param("", "dit4dit: folder holding the dataset folders (upstream's data_root_dir)", "backend")
     runs_dir: str = param("", "dit4dit: where new run directories go (empty: the project's runs/)", "backend")
-    model_python: str = param("", "dit4dit: the Python with upstream's packages (empty: `python` on PATH)", "backend")
+    model_python: str = param(
+        "",
+        "dit4dit: the Python with upstream's packages, e.g. ~/envs/dit4dit/bin/python (empty: `python` on PATH)",
+        "backend",
+    )
+    accelerate: str = param(
+        "",
+        "dit4dit: upstream's accelerate executable (empty: the one beside model_python, else "
+        "`model_python -m accelerate.commands.launch`)",
+        "backend",
+    )
     libero_python: str = param("", "dit4dit: the Python with LIBERO for upstream's client (empty: this one)", "backend")
+    libero_home: str = param(
+        "", "dit4dit: the LIBERO checkout root, put on the client's PYTHONPATH (empty: LIBERO installed)", "backend"
+    )
+    num_processes: int = param(1, "dit4dit: training processes, one GPU each (accelerate --num_processes)", "backend")
+    smoke: bool = param(
+        False,
+        "the smoke test under any profile: train 2 steps at batch 1 with a loss line each (evaluate: 1 trial per task)",
+        "backend",
+    )
 
 
 #: The keys a job hands to the bridge besides the ones its own config knows.
@@ -75,9 +106,15 @@ class BridgeConfig:
     model_python: str = param("python", "the Python with upstream's packages (torch 2.7, accelerate, deepspeed)")
     libero_python: str = param("python", "the Python with LIBERO for upstream's eval_libero.py")
     libero_home: str = param("", "the LIBERO repository root (LIBERO_CONFIG_PATH=<libero_home>/libero)")
-    accelerate: str = param("accelerate", "the accelerate executable of the model's environment")
-    cuda_visible_devices: str | None = param(None, "CUDA_VISIBLE_DEVICES (None: inherited, else 0)")
-    num_processes: int = param(1, "accelerate --num_processes (GPUs)")
+    accelerate: str = param(
+        "",
+        "the accelerate executable of the model's environment (empty: the one beside model_python when that is a "
+        "path, else `accelerate` on PATH)",
+    )
+    cuda_visible_devices: str | None = param(
+        None, "CUDA_VISIBLE_DEVICES (None: inherited, else 0..num_processes-1: one GPU per training process)"
+    )
+    num_processes: int = param(1, "accelerate --num_processes (one GPU each)")
     dataset: str = param("libero_spatial_no_noops_1.0.0_lerobot", "dataset folder name under data_dir")
     mixture: str = param("tutorial_libero_spatial", "name of the one-dataset mixture the launcher registers")
     steps: int = param(2, "trainer.max_train_steps (the smoke test uses 2)")
@@ -131,6 +168,42 @@ class BridgeConfig:
         for n in ("steps", "batch_size", "logging_frequency", "num_processes", "trials"):
             if getattr(self, n) < 1:
                 raise ConfigError(f"{n}={getattr(self, n)}: must be at least 1")
+        devices = [d for d in self.cuda.split(",") if d.strip()]
+        ids = ",".join(str(i) for i in range(self.num_processes))
+        if len(devices) < self.num_processes:
+            raise ConfigError(
+                f"num_processes={self.num_processes} but CUDA_VISIBLE_DEVICES={self.cuda!r} shows {len(devices)} GPU(s): "
+                "every training process needs its own GPU. Fix: list one device per process (export "
+                f"CUDA_VISIBLE_DEVICES={ids}, or `bridge commands --cuda-visible-devices {ids}`), or unset "
+                "CUDA_VISIBLE_DEVICES for 0..N-1."
+            )
+
+    def launch_argv(self) -> list[str]:
+        """How to start ``accelerate launch`` in the model's environment: ``accelerate`` when given;
+        else the ``accelerate`` beside ``model_python`` (a venv's or conda env's ``bin``), else
+        ``model_python -m accelerate.commands.launch``; else ``accelerate`` on PATH."""
+        if self.accelerate:
+            return [self.accelerate, "launch"]
+        if self.model_python and os.sep in self.model_python:
+            sibling = Path(self.model_python).parent / "accelerate"
+            if sibling.is_file():
+                return [os.fspath(sibling), "launch"]
+            return [self.model_python, "-m", "accelerate.commands.launch"]
+        return ["accelerate", "launch"]
+
+    def check_interpreters(self) -> None:
+        """Refuse a bare ``python``/``accelerate`` that PATH resolves into this book's own environment:
+        upstream's training and server need their own (torch 2.7, DeepSpeed, the Cosmos pipeline)."""
+        chosen = {"model_python": self.model_python or "python", "accelerate": self.launch_argv()[0]}
+        for name, value in chosen.items():
+            found = book_env_executable(value)
+            if found:
+                raise ConfigError(
+                    f"{name}={value!r} is {found}, this book's own environment, not upstream's: its Python has "
+                    "neither DeepSpeed nor upstream's pinned packages. Fix: pass upstream's interpreter as a path "
+                    "(-p model_python ~/envs/dit4dit/bin/python, `bridge commands --model-python ...`; the accelerate "
+                    "beside it is used), or -p accelerate /path/to/upstream/bin/accelerate."
+                )
 
     # --- derived paths ---
     @property
@@ -151,9 +224,31 @@ class BridgeConfig:
 
     @property
     def cuda(self) -> str:
+        """The GPUs the training and the server see: given, else inherited, else one per process."""
         if self.cuda_visible_devices is not None:
             return self.cuda_visible_devices
-        return os.environ.get("CUDA_VISIBLE_DEVICES", "0")
+        return os.environ.get("CUDA_VISIBLE_DEVICES") or ",".join(str(i) for i in range(max(1, self.num_processes)))
+
+    @property
+    def libero_config_dir(self) -> Path:
+        """``LIBERO_CONFIG_PATH`` of upstream's client: a folder in the run directory whose
+        ``config.yaml`` the ``libero-config`` step writes (LIBERO prompts on stdin without one)."""
+        return self.run_dir / LIBERO_CONFIG_DIRNAME
+
+
+def book_env_executable(name: str) -> str | None:
+    """The path a bare command ``name`` resolves to on PATH when that is inside this book's own
+    environment (the folder of ``sys.executable``), else None. A path is taken as meant."""
+    import shutil
+    import sys
+
+    if not name or os.sep in name:
+        return None
+    found = shutil.which(name)
+    if not found:
+        return None
+    book = {Path(sys.executable).parent.resolve(), (Path(sys.prefix) / "bin").resolve()}
+    return found if Path(found).parent.resolve() in book else None
 
 
 @dataclass
@@ -181,7 +276,7 @@ class Command:
     def shell(self, background: bool = False, guard: str = "") -> str:
         """The step as shell lines: a subshell, so its ``cd`` and exports do not leak; ``background``
         ends it with ``&``; ``guard`` is a shell condition the step runs under."""
-        lines = [f"# step {self.step}: {self.title}" + (f" (log: {self.log})" if self.log else "")]
+        lines = [comment(f"step {self.step}: {self.title}" + (f" (log: {self.log})" if self.log else ""))]
         lines.append(f"if {guard}; then (" if guard else "(")
         if self.cwd:
             lines.append(f"  cd {shlex.quote(self.cwd)}")
@@ -197,6 +292,14 @@ class Command:
         return "\n".join(lines)
 
 
+def comment(text: str) -> str:
+    """``text`` as ONE shell comment line: a newline (or any other control character) in a path
+    would end the comment and run the rest as a command, so each is written as its escape
+    (``\\n``); every other byte is inert after ``#``."""
+    safe = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return f"# {safe}"
+
+
 # --- the commands ---------------------------------------------------------------------------------
 
 
@@ -204,7 +307,9 @@ def train_command(cfg: BridgeConfig, smoke: bool = True, launcher: str | os.Path
     """``accelerate launch`` of the mixture launcher (or ``train.py`` when ``launcher`` is ``""``).
 
     ``smoke``: 2 steps, loss every step, the whole backbone frozen (FACTS section 11). Otherwise
-    ``cfg.steps``, ``cfg.logging_frequency``, ``cfg.freeze_modules`` and ``cfg.save_interval``.
+    ``cfg.steps``, ``cfg.logging_frequency``, ``cfg.freeze_modules``, ``cfg.save_interval`` and the
+    official recipe's flow-matching settings (:data:`RECIPE_OVERRIDES`). ``CUDA_VISIBLE_DEVICES``
+    lists one GPU per process (:attr:`BridgeConfig.cuda`).
     """
     from tutorial_utils.bridge.launcher import LAUNCHER_NAME
 
@@ -214,7 +319,7 @@ def train_command(cfg: BridgeConfig, smoke: bool = True, launcher: str | os.Path
         (2, 1, "backbone_interface") if smoke else (cfg.steps, cfg.logging_frequency, cfg.freeze_modules)
     )
     argv = [
-        cfg.accelerate, "launch",
+        *cfg.launch_argv(),
         "--config_file", DEEPSPEED_YAML,
         "--num_processes", str(cfg.num_processes),
         script,
@@ -228,8 +333,11 @@ def train_command(cfg: BridgeConfig, smoke: bool = True, launcher: str | os.Path
         "--trainer.max_train_steps", str(steps),
         "--trainer.logging_frequency", str(freq),
     ]  # fmt: skip
-    if not smoke and cfg.save_interval is not None:
-        argv += ["--trainer.save_interval", str(cfg.save_interval)]
+    if not smoke:
+        for key, value in RECIPE_OVERRIDES:
+            argv += [f"--{key}", value]
+        if cfg.save_interval is not None:
+            argv += ["--trainer.save_interval", str(cfg.save_interval)]
     argv += ["--run_root_dir", cfg.runs_dir, "--run_id", cfg.run_id]
     env = {"PYTHONPATH": cfg.checkout, "WANDB_MODE": "offline", "CUDA_VISIBLE_DEVICES": cfg.cuda, **RICH_WIDTH}
     title = "2-step training smoke test" if smoke else f"training, {steps} steps"
@@ -252,19 +360,38 @@ def eval_command(cfg: BridgeConfig) -> Command:
     cfg = cfg.resolved()
     argv = [
         cfg.libero_python, EVAL_PY,
-        "--args.pretrained-path", os.fspath(cfg.serve_checkpoint),
-        "--args.host", "127.0.0.1",
-        "--args.port", str(cfg.port),
-        "--args.task-suite-name", cfg.suite,
-        "--args.num-trials-per-task", str(cfg.trials),
-        "--args.video-out-path", os.fspath(cfg.run_dir / "videos" / cfg.suite),
+        client_flag("pretrained_path"), os.fspath(cfg.serve_checkpoint),
+        client_flag("host"), "127.0.0.1",
+        client_flag("port"), str(cfg.port),
+        client_flag("task_suite_name"), cfg.suite,
+        client_flag("num_trials_per_task"), str(cfg.trials),
+        client_flag("video_out_path"), os.fspath(cfg.run_dir / "videos" / cfg.suite),
     ]  # fmt: skip
-    pythonpath = cfg.checkout + (os.pathsep + cfg.libero_home if cfg.libero_home else "")
-    env = {"PYTHONPATH": pythonpath, "MUJOCO_GL": "egl", **RICH_WIDTH}
-    if cfg.libero_home:
-        env = {"LIBERO_CONFIG_PATH": os.fspath(Path(cfg.libero_home) / "libero"), **env}
+    env = {
+        "LIBERO_CONFIG_PATH": os.fspath(cfg.libero_config_dir),
+        "PYTHONPATH": _libero_pythonpath(cfg, cfg.checkout),
+        "MUJOCO_GL": "egl",
+        **RICH_WIDTH,
+    }
     log = os.fspath(cfg.run_dir / eval_log_name(cfg.suite))
     return Command("eval", "upstream LIBERO client (eval_libero.py)", argv, env, cfg.checkout, log)
+
+
+def _libero_pythonpath(cfg: BridgeConfig, first: str = "") -> str:
+    return os.pathsep.join(p for p in (first, cfg.libero_home) if p)
+
+
+def libero_config_command(cfg: BridgeConfig) -> Command:
+    """Write LIBERO's ``config.yaml`` into :attr:`BridgeConfig.libero_config_dir` with the client's
+    own interpreter (paths from where *it* finds LIBERO, without importing it), so upstream's
+    client never meets LIBERO's stdin prompt; an existing file is kept."""
+    from tutorial_utils.bridge.files import LIBERO_CONFIG_SCRIPT
+
+    cfg = cfg.resolved()
+    argv = [cfg.libero_python, os.fspath(cfg.run_dir / LIBERO_CONFIG_SCRIPT), os.fspath(cfg.libero_config_dir)]
+    env = {"PYTHONPATH": _libero_pythonpath(cfg)} if cfg.libero_home else {}
+    log = os.fspath(cfg.run_dir / "libero_config.log")
+    return Command("libero-config", "LIBERO's config.yaml for upstream's client (no prompt)", argv, env, "", log)
 
 
 def client_command(
@@ -298,17 +425,43 @@ def client_command(
 
 
 def all_commands(cfg: BridgeConfig, smoke: bool = True) -> list[Command]:
-    return [train_command(cfg, smoke), serve_command(cfg), eval_command(cfg), client_command(cfg)]
+    return [
+        train_command(cfg, smoke),
+        serve_command(cfg),
+        libero_config_command(cfg),
+        eval_command(cfg),
+        client_command(cfg),
+    ]
 
 
 # --- commands.sh ----------------------------------------------------------------------------------
 
 
-def render_commands_sh(cfg: BridgeConfig, smoke: bool = True) -> str:
-    """The whole chain as one script: train, then the server in the background, then upstream's
-    client (or this project's with ``CLIENT=ours``), then the server is stopped."""
+_WAIT_FOR_SERVER = (
+    """\
+wait_for_server() {  # until the server logs that its port is bound; an error if it exits or times out
+  local log="$1" limit="$2" t=0
+  while ! grep -q 'SERVER_READY_LINE' "$log" 2>/dev/null; do
+    if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+      echo "error: the policy server exited before listening; read $log" >&2; exit 1
+    fi
+    if [ "$t" -ge "$limit" ]; then
+      echo "error: the policy server did not listen within $limit s; read $log" >&2; exit 1
+    fi
+    sleep 1; t=$((t + 1))
+  done
+}"""
+).replace("SERVER_READY_LINE", SERVER_READY_LINE)
+
+
+def render_commands_sh(cfg: BridgeConfig, smoke: bool = True, ready_timeout: int = 600) -> str:
+    """The whole chain as one script: train, then the server in the background, a wait until it
+    listens, LIBERO's ``config.yaml`` and upstream's client (or this project's with
+    ``CLIENT=ours``), then the server is stopped. Every value is quoted with :func:`shlex.quote`
+    and comments cannot be broken by a newline (:func:`comment`)."""
     cfg = cfg.resolved()
-    train, serve, ev, client = all_commands(cfg, smoke)
+    train, serve, libero_cfg, ev, client = all_commands(cfg, smoke)
+    upstream = '[ "${CLIENT:-upstream}" = upstream ]'
     head = [
         "#!/usr/bin/env bash",
         "# Generated by `python -m tutorial_utils bridge commands` (tutorial_utils.bridge.commands.dry_run).",
@@ -321,36 +474,104 @@ def render_commands_sh(cfg: BridgeConfig, smoke: bool = True) -> str:
     ]
     parts = [
         train.shell(),
-        serve.shell(background=True) + "\nSERVER_PID=$!\ntrap 'kill $SERVER_PID 2>/dev/null || true' EXIT",
-        ev.shell(guard='[ "${CLIENT:-upstream}" = upstream ]'),
+        serve.shell(background=True)
+        + "\nSERVER_PID=$!\ntrap 'kill $SERVER_PID 2>/dev/null || true' EXIT\n"
+        + _WAIT_FOR_SERVER
+        + f"\nwait_for_server {shlex.quote(serve.log)} {int(ready_timeout)}",
+        libero_cfg.shell(guard=upstream),
+        ev.shell(guard=upstream),
         client.shell(guard='[ "${CLIENT:-upstream}" = ours ]'),
     ]
     return "\n".join(head) + "\n\n" + "\n\n".join(parts) + "\n"
 
 
 def dry_run(cfg: BridgeConfig, path: str | os.PathLike | None = None, smoke: bool = True) -> Path:
-    """Write ``commands.sh`` (default: into the run directory) and the mixture launcher it runs;
-    nothing is executed. Returns the script's path."""
+    """Write ``commands.sh`` (default: into the run directory) and the two scripts it runs (the
+    mixture launcher, LIBERO's config writer); nothing is executed. Returns the script's path."""
+    from tutorial_utils.bridge.files import write_libero_config_script
     from tutorial_utils.bridge.launcher import mixture_entries, write_launcher
     from tutorial_utils.io import atomic_write_text
 
     cfg = cfg.resolved()
     cfg.check()
-    write_launcher(cfg.run_dir, cfg.mixture, mixture_entries(cfg.dataset))
+    cfg.check_interpreters()
     out = Path(path) if path else cfg.run_dir / COMMANDS_SH
-    atomic_write_text(out, render_commands_sh(cfg, smoke))
+    text = render_commands_sh(cfg, smoke)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a path with bytes that are not UTF-8 (they reach Python as surrogates)
+        bad = next(
+            (
+                f"{f}={getattr(cfg, f)!r}"
+                for f in cfg.__dataclass_fields__
+                if exc.object[exc.start] in str(getattr(cfg, f))
+            ),
+            repr(exc.object[max(0, exc.start - 40) : exc.end + 40]),
+        )
+        raise ConfigError(
+            f"{bad}: holds a byte that is not UTF-8, which commands.sh cannot quote faithfully. Fix: rename the "
+            "folder (or pick a run_id) with UTF-8 characters only."
+        ) from None
+    write_launcher(cfg.run_dir, cfg.mixture, mixture_entries(cfg.dataset))
+    write_libero_config_script(cfg.run_dir)
+    atomic_write_text(out, text)
     out.chmod(0o755)
+    return out
+
+
+def _logical_lines(text: str) -> list[str]:
+    """The script's lines as bash reads them: a backslash-newline outside single quotes joins two
+    lines, a newline inside quotes belongs to its word, a comment runs to the end of its line.
+    (:func:`shlex.quote` writes single-quoted words, whose every byte is literal.)"""
+    out: list[str] = []
+    buf: list[str] = []
+    quote = ""  # "'" or '"' while inside quotes
+    word_start = True
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if quote == "'":
+            quote = "" if ch == "'" else quote
+            buf.append(ch)
+        elif ch == "\\" and i + 1 < len(text):
+            if text[i + 1] == "\n":  # a line continuation: bash removes both characters
+                i += 2
+                continue
+            buf.append(text[i : i + 2])
+            i += 2
+            word_start = False
+            continue
+        elif quote == '"':
+            quote = "" if ch == '"' else quote
+            buf.append(ch)
+        elif ch in "'\"":
+            quote = ch
+            buf.append(ch)
+        elif ch == "#" and word_start:  # a comment: to the end of the line, quotes and all
+            end = text.find("\n", i)
+            end = len(text) if end < 0 else end
+            buf.append(text[i:end])
+            i = end
+            continue
+        elif ch == "\n":
+            out.append("".join(buf))
+            buf = []
+        else:
+            buf.append(ch)
+        word_start = quote == "" and ch in " \t\n;&|()"
+        i += 1
+    if buf:
+        out.append("".join(buf))
     return out
 
 
 def parse_commands_sh(text: str) -> dict[str, Command]:
     """Read a ``commands.sh`` written by :func:`dry_run` back into ``{step: Command}`` (argv, env,
     cwd and log as the shell would see them)."""
-    joined = text.replace("\\\n", " ")
     out: dict[str, Command] = {}
     current: Command | None = None
     inside = False
-    for raw in joined.splitlines():
+    for raw in _logical_lines(text):
         line = raw.strip()
         if line.startswith("# step "):
             step, _, title = line[len("# step ") :].partition(": ")

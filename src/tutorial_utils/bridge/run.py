@@ -22,17 +22,19 @@ from typing import Any, TextIO
 
 from tutorial_utils import jobs
 from tutorial_utils.bridge.commands import (
+    SERVER_READY_LINE,
     BridgeConfig,
     Command,
     client_command,
     eval_command,
+    libero_config_command,
     serve_command,
     train_command,
 )
 from tutorial_utils.errors import TutorialError
 from tutorial_utils.jobs import free_port  # noqa: F401  (re-exported: callers use it from here)
 
-READY = re.compile(r"server listening on")
+READY = re.compile(re.escape(SERVER_READY_LINE))
 #: Seconds after which a server without its ``server listening on`` line is probed on its port.
 PROBE_AFTER_S = 10.0
 
@@ -68,6 +70,7 @@ def _popen(cmd: Command, base_env: dict[str, str] | None) -> subprocess.Popen:
             cmd.argv,
             cwd=cmd.cwd or None,
             env=cmd.child_env(base_env),
+            stdin=subprocess.DEVNULL,  # a prompt (LIBERO's, without config.yaml) fails at once, never hangs
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -209,6 +212,7 @@ def train(
 
     cfg = cfg.resolved()
     cfg.check()
+    cfg.check_interpreters()
     if not cfg.data_dir:
         raise ConfigError("the dit4dit training step needs data_dir: the folder holding the dataset folders")
     validate_checkout(cfg.checkout)
@@ -258,10 +262,16 @@ def evaluate(
         raise ConfigError(f"client={client!r}: use upstream (eval_libero.py) or ours (python -m tutorial_utils eval)")
     cfg = cfg.resolved()
     cfg.check()
+    cfg.check_interpreters()
     validate_checkout(cfg.checkout)
     run_dir = cfg.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"run_dir": str(run_dir), "client": client}
+    if client == "upstream":  # LIBERO's config.yaml first: without it `import libero` asks on stdin
+        files.write_libero_config_script(run_dir)
+        lc = libero_config_command(cfg)
+        if run_step(lc, timeout=120, echo=echo, base_env=base_env) != 0:
+            raise StepFailed("libero-config", f"LIBERO's config.yaml was not written:\n{_tail(lc.log)}", run_dir)
     config_yaml = cfg.serve_checkpoint.parents[1] / files.CONFIG_YAML
     if prepare and config_yaml.is_file():
         out["cosmos_fix"] = files.fix_cosmos_path(config_yaml, cfg.cosmos_dir)

@@ -148,6 +148,8 @@ def run_job(run_dir: str | os.PathLike = "", **overrides: Any) -> ChainResult:
         raise ConfigError(f"backend={backend!r}: use {' or '.join(BACKENDS)}")
     if backend == "dit4dit":
         return _run_dit4dit(run_dir, {**overrides, **bridge_params})
+    if bridge_params.get("smoke"):
+        overrides["trials_per_task"] = 1
     return run_chain(params.from_mapping(EvalConfig, overrides, "`python -m tutorial_utils eval --help`"), run_dir)
 
 

@@ -14,7 +14,12 @@ from tutorial_utils.hub.assets import ASSETS
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tutorial_utils hub", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m tutorial_utils hub",
+        description=__doc__.split("\n")[0],
+        epilog="Stopping a download (Ctrl-C, kill) stops its download process too; rerun the same command to go "
+        f"on: {_resume_note()}.",
+    )
     ap.add_argument("action", choices=("plan", "download", "verify", "list", "serve"))
     ap.add_argument("asset", nargs="?", help=f"one of: {', '.join(ASSETS)}")
     ap.add_argument("--dest", help="local folder (download target)")
@@ -62,6 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _resume_note() -> str:
+    try:
+        from tutorial_utils.hub.download import resume_note
+
+        return resume_note().replace("huggingface_hub", "the installed huggingface_hub", 1)
+    except ImportError:
+        return "a half-downloaded file resumes only where huggingface_hub supports it"
 
 
 def _serve(asset: str, source: str | None, port: int) -> int:

@@ -77,8 +77,8 @@ def teach(asset: Asset, names: list[str], status: int | None, message: str = "")
     if "RepositoryNotFoundError" in has or status == 404:
         hint = f" A private or gated repo also looks missing without a token: {login}." if status == 401 else ""
         return HubNotFoundError(
-            f"{where}: repository not found. Fix: check the repo id and --repo-type "
-            f"({'dataset' if a.repo_type == 'dataset' else 'model'}).{hint}"
+            f"{where}: repository not found. Fix: check that {a.repo_id} exists as a {a.repo_type} repo on "
+            f"{a.page} (`python -m tutorial_utils hub list` shows the repo and type each asset uses).{hint}"
         )
     if "RemoteProtocolError" in has or "peer closed connection" in message or "Consistency check failed" in message:
         return HubTimeoutError(
@@ -275,6 +275,86 @@ def child_env(endpoint: str | None = None, token: str | None = None, timeout_s: 
     return env
 
 
+def _die_with_parent() -> None:  # pragma: no cover  (runs in the child, between fork and exec)
+    """Linux: the child gets SIGTERM when the process that started it dies, even by SIGKILL."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def run_child(argv: list[str], env: dict) -> tuple[int | None, str]:
+    """Run the download child to its end and return ``(exit code, stdout)``; it never outlives this
+    process. Ctrl-C (its process group gets it too), SIGTERM or SIGHUP sent to this process stop
+    the child first (SIGINT, then SIGKILL after 10 s) and then end this process as the signal would;
+    on Linux the child also gets SIGTERM if this process is killed outright (``PR_SET_PDEATHSIG``)."""
+    import signal
+    import threading
+
+    from tutorial_utils.jobs import stop_process
+
+    proc = subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+    )
+    previous: dict[int, object] = {}
+
+    def forward(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds to the `except` below, which stops the child
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, forward)
+    try:
+        out, _ = proc.communicate()
+    except BaseException:
+        stop_process(proc)
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return proc.returncode, out or ""
+
+
+def resumes_interrupted_files() -> bool | None:
+    """Does the installed huggingface_hub continue a file an earlier, interrupted run left half
+    done? 0.x appends to ``<etag>.incomplete`` from where it stopped (an HTTP Range request); the
+    newer releases (2.4 measured) download into a file unique to each process, so a rerun fetches
+    that file from byte 0 (finished files are always kept). None when it cannot be told."""
+    import inspect
+
+    try:
+        from huggingface_hub import file_download
+
+        source = inspect.getsource(file_download._download_to_tmp_and_move)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return None
+    if 'open("ab")' in source:
+        return True
+    if "uuid" in source and 'open("wb")' in source:
+        return False
+    return None
+
+
+def resume_note() -> str:
+    """One sentence for the CLI's help and the chapter: what a rerun does with a half-done file."""
+    import huggingface_hub
+
+    v = huggingface_hub.__version__
+    return {
+        True: f"huggingface_hub {v} resumes a half-downloaded file where it stopped",
+        False: f"huggingface_hub {v} fetches a half-downloaded file again from byte 0 (finished files are kept)",
+        None: f"huggingface_hub {v}: whether a half-downloaded file resumes is unknown (finished files are kept)",
+    }[resumes_interrupted_files()]
+
+
 def download(
     asset: str | Asset,
     dest: str | os.PathLike,
@@ -292,7 +372,9 @@ def download(
     byte is fetched (:class:`DiskFull`, with the disk plan); a disk that fills up during the
     download raises the same error. ``progress`` shows huggingface_hub's tqdm bars on stderr
     (default: when stderr is a terminal). Rerunning after an interruption fetches only what is
-    missing; :func:`verify` then removes the stale ``.incomplete`` files and reports them.
+    missing (a half-done file resumes only where huggingface_hub does that:
+    :func:`resumes_interrupted_files`); :func:`verify` then removes the stale ``.incomplete``
+    files and reports them. Stopping this process stops the download child (:func:`run_child`).
     """
     a = get_asset(asset)
     dest = Path(dest)
@@ -323,16 +405,16 @@ def download(
     if not progress:
         env["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], env=env, stdout=subprocess.PIPE, text=True)
+    returncode, stdout = run_child([sys.executable, "-c", _CHILD, json.dumps(args)], env)
     result = None
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith(_RESULT):
             result = json.loads(line[len(_RESULT) :])
     if result is None or not result.get("ok"):
         from tutorial_utils.secrets import redact
 
         chain = (result or {}).get("chain") or [
-            {"names": [], "status": None, "message": f"the download process exited with {proc.returncode}"}
+            {"names": [], "status": None, "message": f"the download process exited with {returncode}"}
         ]
         if any("No space left" in c["message"] or "Errno 28" in c["message"] for c in chain):
             try:  # the plan against what is on the disk now

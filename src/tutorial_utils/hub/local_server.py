@@ -137,6 +137,8 @@ class LocalHub:
     faults: list[Fault] = field(default_factory=list)
     hooks: list[Callable[[str, str], None]] = field(default_factory=list)
     log: list[tuple[str, str]] = field(default_factory=list)
+    #: ``(method, path, Range header or "")`` of every request: shows whether a rerun resumed a file
+    ranges: list[tuple[str, str, str]] = field(default_factory=list)
     url: str = ""
 
     def __post_init__(self):
@@ -250,6 +252,7 @@ class LocalHub:
         split = urlsplit(h.path)
         with self._lock:
             self.log.append((h.command, h.path))
+            self.ranges.append((h.command, split.path, h.headers.get("Range", "")))
         for hook in list(self.hooks):
             hook(h.command, split.path)
         parts = split.path.split("/")[1:]

@@ -17,6 +17,8 @@ from tutorial_utils.train.loop import LOG_FILE, METRICS_FILE, TrainResult, train
 
 #: Success signs of a training run, as ``tutorial_utils.logs.TRAIN_SIGNS`` names them.
 SIGNS = ("parameters counted", "first loss line", "training complete")
+#: What ``smoke=True`` sets on the mini backend (the dit4dit backend's smoke test is the bridge's).
+SMOKE_OVERRIDES = {"steps": 2, "batch_size": 1, "log_freq": 1, "eval_freq": 0, "save_freq": 0}
 
 
 def prepare_metadata(root: str | os.PathLike) -> dict[str, str]:
@@ -108,6 +110,8 @@ def run_job(run_dir: str | os.PathLike, **params: Any) -> TrainResult:
         raise ConfigError(f"backend={backend!r}: use {' or '.join(BACKENDS)}")
     if backend == "dit4dit":
         return _run_dit4dit(run_dir, {**params, **bridge_params})
+    if bridge_params.get("smoke"):  # the smoke test whatever the profile: 2 steps at batch 1
+        params.update(SMOKE_OVERRIDES)
     dataset = str(params.pop("dataset", "") or "")
     if not dataset:
         raise DatasetNotReady("the train job needs a dataset: pass dataset=<name under data/, a path, or synthetic>.")
