@@ -76,9 +76,12 @@ from tutorial_utils.train.checkpoints import (
     TRAIN_STATE_JSON,
     OutputDirInUse,
     discard_after,
+    drop_optimizer_states,
     find_last,
+    has_optimizer_state,
     lock_output_dir,
     marked_by_hand,
+    optimizer_state_missing,
     point_last,
     prune,
     remove_stale_temps,
@@ -122,6 +125,7 @@ RESUME_FREE = (
     "data_cache_mb",
     "keep_final_model",
     "keep_last",
+    "keep_optimizer",
     "pretrained_checkpoint",
 )
 
@@ -468,16 +472,21 @@ class Checkpointer:
         self.best: dict = {"val_action_mae": None, "step": None}
 
     def resume_point(self) -> Path | None:
-        """The checkpoint to resume from; refuses to start a fresh run over an old one."""
+        """The checkpoint to resume from; refuses to start a fresh run over an old one, and a
+        checkpoint whose optimizer state ``keep_optimizer=last`` dropped."""
+        found = None
         if self.cfg.resume_from:
-            return resolve_checkpoint(self.root, self.cfg.resume_from)
-        if self.cfg.resume:
+            found = resolve_checkpoint(self.root, self.cfg.resume_from)
+        elif self.cfg.resume:
             found = find_last(self.root)
             if found is None:
                 raise ConfigError(
                     f"resume=true but {self.root} holds no complete checkpoint; start without resume "
                     "(or point output_dir at the run to continue)."
                 )
+        if found is not None:
+            if not has_optimizer_state(found):
+                raise optimizer_state_missing(found, self.root)
             return found
         if (self.root / "last").exists() or list(self.root.glob("step_*")):
             raise ConfigError(
@@ -494,6 +503,8 @@ class Checkpointer:
 
         load_weights_into(model, path)
         state = torch.load(path / TRAIN_STATE_FILE, map_location="cpu", weights_only=True)
+        if "optimizer" not in state:
+            raise optimizer_state_missing(path, self.root)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
@@ -545,6 +556,8 @@ class Checkpointer:
                 },
             )
         point_last(self.root, target)
+        if self.cfg.keep_optimizer == "last":
+            drop_optimizer_states(self.root, keep=target.name)
         gone = prune(self.root, self.cfg.keep_last, protect=(target.name,))
         if gone:
             print(f"keep_last={self.cfg.keep_last}: removed {', '.join(gone)}", file=sys.stderr)
