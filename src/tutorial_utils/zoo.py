@@ -136,7 +136,7 @@ def catalog():
     rows = [
         {
             **c,
-            "trains here": c["family"] in trainable,
+            "trains here": c["family"] in trainable and not policies.trainer_refusal(c["family"]),
             "in the comparison": c["family"] in FAMILIES,
             "GPU server": c["family"] in gpu,
         }
@@ -155,7 +155,7 @@ def parse_families(text: str) -> list[str]:
     for n in names:
         if n not in FAMILIES:
             other = (
-                "it trains here but does not drive LIBERO from images (reinforcement learning: see its chapter)"
+                f"it is built here but not part of the comparison. {getattr(policies.family(n), 'what_ran', '')}".strip()
                 if n in policies.trainable()
                 else f"trainable families: {', '.join(policies.trainable())}"
             )

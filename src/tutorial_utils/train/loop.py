@@ -1002,6 +1002,8 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     from tutorial_utils.policies.checkpoint import load_weights_into
 
     cfg.check()
+    if refusal := policies.trainer_refusal(cfg.policy):  # a family trained by other means (SAC)
+        raise ConfigError(refusal)
     if not cfg.output_dir:
         raise ConfigError("output_dir is empty: pass --output-dir DIR (a job's run_dir) so the run has a home.")
     out = Path(cfg.output_dir)
