@@ -130,6 +130,14 @@ def load_state_dict_checked(directory: str | os.PathLike, verify: bool = True) -
     return state, manifest
 
 
+def _defaults(config_class: type) -> dict:
+    """The default of every field of a family's config dataclass (JSON-like, as config.json holds them)."""
+    try:
+        return dataclasses.asdict(config_class())
+    except TypeError:  # a config with a required field: no defaults to fall back on
+        return {}
+
+
 def load_weights_into(policy, directory: str | os.PathLike) -> dict:
     """Load a checkpoint's weights into an existing policy; the configs must match."""
     state, manifest = load_state_dict_checked(directory)
@@ -141,7 +149,10 @@ def load_weights_into(policy, directory: str | os.PathLike) -> dict:
             "Load it with tutorial_utils.policies.load(dir), which picks the family for you."
         )
     ours = dataclasses.asdict(p.cfg)
-    diff = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
+    # a parameter added to the family after the checkpoint was written is absent from its config.json:
+    # the checkpoint was trained with that parameter's default
+    defaults = _defaults(type(p.cfg))
+    diff = {k: (theirs.get(k, defaults.get(k)), v) for k, v in ours.items() if theirs.get(k, defaults.get(k)) != v}
     if diff:
         pretty = ", ".join(f"{k}: checkpoint {a!r} vs model {b!r}" for k, (a, b) in diff.items())
         raise CheckpointError(
