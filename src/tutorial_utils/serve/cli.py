@@ -148,7 +148,8 @@ def main(argv: list[str]) -> int:
         logger.error(str(exc))
         return 2
     logger.info(_logs.SERVER_STOPPED.format(requests=server.requests, errors=server.errors))
-    logger.info(server.guard.summary())
+    if (guard := getattr(server, "guard", None)) is not None:  # clipped values, padded and cut chunks
+        logger.info(guard.summary())
     return 0
 
 
