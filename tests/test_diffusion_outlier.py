@@ -99,3 +99,16 @@ def test_a_checkpoint_written_before_a_parameter_existed_loads_with_its_default(
 
     with pytest.raises(CheckpointError, match=f"{differs}: checkpoint"):
         load_weights_into(model, ck)
+
+
+def test_a_diffusion_checkpoint_from_before_prediction_type_loads_as_the_epsilon_model_it_was(source, tmp_path):
+    """Checkpoints written before ``prediction_type`` existed were trained with LeRobot's epsilon: loading
+    one must not read its weights as a sample predictor (same shapes, silently wrong chunks)."""
+    needs_lerobot()
+    model = policies.make("diffusion", {**TINY, "prediction_type": "epsilon"}, source.statistics)
+    model.save(tmp_path / "ck")
+    manifest = json.loads((tmp_path / "ck" / "config.json").read_text())
+    del manifest["policy"]["prediction_type"]
+    (tmp_path / "ck" / "config.json").write_text(json.dumps(manifest))
+    again = policies.load(tmp_path / "ck")
+    assert again.cfg.prediction_type == "epsilon" and again.lerobot_config.prediction_type == "epsilon"

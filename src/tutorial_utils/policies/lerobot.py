@@ -182,6 +182,9 @@ def _crop_shape(cfg: Any) -> tuple[int, int] | None:
 class DiffusionConfig:
     """Diffusion Policy: a ResNet + spatial-softmax encoder conditioning a 1-D UNet that denoises a chunk."""
 
+    #: fields added after checkpoints were written, and the value those checkpoints were trained with
+    written_before: ClassVar[dict[str, Any]] = {"prediction_type": "epsilon"}
+
     image_size: int = param(64, "camera images are resized to this square size (>= 32; the paper: 84-96)", "model")
     horizon: int = param(
         16,
