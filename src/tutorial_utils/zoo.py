@@ -154,8 +154,10 @@ def parse_families(text: str) -> list[str]:
         raise ConfigError(f"families={text!r}: name at least one of {', '.join(FAMILIES)}")
     for n in names:
         if n not in FAMILIES:
+            group = next((c.get("group") for c in CATALOG if c.get("family") == n), None)
             other = (
-                f"it is built here but not part of the comparison. {getattr(policies.family(n), 'what_ran', '')}".strip()
+                f"it is built here{f' ({group})' if group else ''} but not part of the comparison. "
+                f"{getattr(policies.family(n), 'what_ran', '')}".strip()
                 if n in policies.trainable()
                 else f"trainable families: {', '.join(policies.trainable())}"
             )
