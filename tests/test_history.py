@@ -203,7 +203,7 @@ def test_the_server_resets_the_history_on_a_new_connection():
         with PolicyClient(port=srv.port, connect_timeout=5) as c:
             reply = c.infer(obs_at(5))
             assert model.batches[-1][BATCH_STATE][0, :, 0].tolist() == [5, 5]
-            assert reply["actions"].shape == (4, 7)
+            assert reply["actions"].shape == (5, 7)  # the 4-action chunk, padded to openpi replan_steps
 
 
 def test_the_evaluation_client_sends_every_frame_of_an_episode_to_a_history_policy(tmp_path, monkeypatch):

@@ -130,7 +130,7 @@ def test_dit4dit_examples_request(server):
 
 
 def test_infer_in_thread():
-    with ServerThread(ZeroPolicy(horizon=4)) as srv:
+    with ServerThread(ZeroPolicy(horizon=4), min_chunk=0) as srv:  # min_chunk=0: no padding to openpi's 5
         srv.server.infer_in_thread = True
         with PolicyClient(port=srv.port) as client:
             assert client.infer(openpi_observation())["actions"].shape == (4, 7)
@@ -214,7 +214,7 @@ def test_openpi_request_resized_and_answered_in_env_convention():
 
     pol = DatasetGripperPolicy()
     obs = openpi_observation(224)
-    with ServerThread(pol) as srv:
+    with ServerThread(pol, min_chunk=0) as srv:  # the policy's own 4 actions (no padding to openpi's 5)
         client = WebsocketClientPolicy("127.0.0.1", srv.port)
         meta = client.get_server_metadata()
         assert meta["gripper"] == "robosuite" and meta["policy_gripper"] == "dataset" and meta["image_size"] == 64
@@ -230,7 +230,8 @@ def test_openpi_request_resized_and_answered_in_env_convention():
     np.testing.assert_allclose(actions[:, :6], np.tile(np.arange(6) / 10, (4, 1)), rtol=1e-6)
     np.testing.assert_array_equal(actions, dataset_action_to_env(pol.infer(obs)["actions"]))
     # DiT4DiT: upstream's normalised gripper, +1 open (the dataset's > 0) / -1 close
-    np.testing.assert_array_equal(dit[:, 6], np.where(DatasetGripperPolicy.GRIPPER > 0, 1.0, -1.0))
+    assert dit.shape == (8, 7)  # upstream's 8 actions: the 4 padded with the last one
+    np.testing.assert_array_equal(dit[:4, 6], np.where(DatasetGripperPolicy.GRIPPER > 0, 1.0, -1.0))
 
 
 def test_server_refuses_unknown_gripper_convention():

@@ -107,7 +107,7 @@ def catalog():
             "group": c.catalog["group"],
             "scenario": c.catalog["scenario"],
             "here": c.catalog["here"],
-            "trains here": c.name not in gpu and bool(c.trains_here),
+            "trains here": c.name not in gpu and bool(c.trains_here) and not policies.trainer_refusal(c.name),
             "in the comparison": bool(c.comparison),
             "GPU server": c.name in gpu,
         }
@@ -129,11 +129,15 @@ def parse_families(text: str | None) -> list[str]:
         raise ConfigError(f"families={text!r}: name at least one of {', '.join(families)}")
     for n in names:
         if n not in families:
-            other = (
-                "it trains here but does not drive LIBERO from images (reinforcement learning: see its chapter)"
-                if n in policies.trainable()
-                else f"trainable families: {', '.join(policies.trainable())}"
-            )
+            if n in policies.trainable():
+                cls = policies.family(n)
+                group = (cls.catalog or {}).get("group")
+                other = (
+                    f"it is built here{f' ({group})' if group else ''} but not part of the comparison. "
+                    f"{getattr(cls, 'what_ran', '')}".strip()
+                )
+            else:
+                other = f"trainable families: {', '.join(policies.trainable())}"
             raise ConfigError(f"families: {n!r} is not in the zoo's comparison ({', '.join(families)}); {other}")
     if len(set(names)) != len(names):
         raise ConfigError(f"families={text!r} names a family twice")

@@ -23,6 +23,10 @@ LIBERO_STATE_NAMES = ["x", "y", "z", "roll", "pitch", "yaw", "gripper", "gripper
 LIBERO_ACTION_NAMES = ["x", "y", "z", "roll", "pitch", "yaw", "gripper"]
 LIBERO_STATE_DIM = 8
 LIBERO_ACTION_DIM = 7
+#: The range of every action number robosuite's env.step takes (OSC_POSE deltas and the gripper
+#: command): values outside it mean nothing to LIBERO, and a real robot may not clip them.
+LIBERO_ACTION_LOW = -1.0
+LIBERO_ACTION_HIGH = 1.0
 
 #: What each dimension means in the LIBERO datasets (docs/FACTS.md sections 5 and 9). Gripper
 #: convention of the published datasets: +1 = open, -1 = close (robosuite wants the opposite).

@@ -5,9 +5,11 @@ A family is one module in this folder and one :func:`register` line below. Three
 - trainable families (a :class:`~tutorial_utils.policies.trainable.TrainablePolicy`): ``mini`` (the
   small flow-matching DiT), ``mlp`` (a two-layer behaviour-cloning baseline, the worked
   example of the seam), LeRobot's ``act``, ``diffusion``, ``vqbet`` (``policies/lerobot.py``) and
-  ``tdmpc``, ``sac`` (``policies/lerobot_rl.py``: offline, from demonstration windows with a sparse
-  success reward). Training, serving, evaluation and checkpoints use them through
-  :func:`make`, :func:`load` and :func:`make_policy` and never name a family;
+  ``tdmpc``, ``sac`` (``policies/lerobot_rl.py``: from demonstration windows with a sparse success
+  reward; so far each has run only as a 2-step smoke test on a 24-frame synthetic source, never on
+  the recorded demonstrations, never evaluated). Training, serving, evaluation and checkpoints use
+  them through :func:`make`, :func:`load` and :func:`make_policy` and never name a family; the
+  trainer trains all of them but ``sac`` (:func:`trainer_refusal`);
 - GPU-server families (:func:`gpu_server`): ``smolvla``, ``pi0``, ``pi05``, ``pi0_fast``, ``openvla``
   have their parameters here, and building or serving one raises :class:`PolicyUnavailable` naming
   the weights, GPU memory, licence, the GPU-server command and how it reaches our LIBERO client
@@ -61,10 +63,23 @@ def available() -> list[str]:
 
 
 def trainable() -> list[str]:
-    """The names that :func:`make` can build and train here (not the GPU-server families). ``tdmpc`` and
-    ``sac`` learn from demonstration windows (``policies/lerobot_rl.py``: ``offline_steps``), which the
-    trainer does not feed yet; the others train through ``python -m tutorial_utils train``."""
+    """The names that :func:`make` can build and update here (not the GPU-server families). All but
+    ``sac`` train through ``python -m tutorial_utils train`` (``tdmpc`` on the demonstration windows
+    its ``training_source`` gives); ``sac`` is updated with its own three optimisers
+    (``SACPolicy.update``, ``policies/lerobot_rl.py``), and the trainer refuses it with
+    :func:`trainer_refusal`."""
     return [n for n in available() if _is_trainable(_resolve(n)) and not _needs_gpu_server(_resolve(n))]
+
+
+def trainer_refusal(name: str) -> str:
+    """Why ``python -m tutorial_utils train policy=<name>`` cannot train ``name`` (what has run of
+    it, what works, where to go), or ``""`` when the trainer trains it. A family says so with a
+    ``trainer_refusal`` class attribute (``{families}`` becomes the families the trainer trains)."""
+    text = getattr(_resolve(name), "trainer_refusal", "") or ""
+    if not text:
+        return ""
+    ok = [n for n in trainable() if not getattr(_resolve(n), "trainer_refusal", "")]
+    return text.replace("{families}", ", ".join(ok))
 
 
 def _needs_gpu_server(target: Any) -> bool:

@@ -147,6 +147,23 @@ def load_state_dict_checked(directory: str | os.PathLike, verify: bool = True) -
     return state, manifest
 
 
+def _defaults(config_class: type) -> dict:
+    """The value a checkpoint that does not name a field was trained with: the field's
+    ``written_before`` value (a family's config class may map a field added later, whose default
+    differs from what older checkpoints used, e.g. Diffusion's ``prediction_type``), else its default."""
+    try:
+        out = dataclasses.asdict(config_class())
+    except TypeError:  # a config with a required field: no defaults to fall back on
+        out = {}
+    return {**out, **dict(getattr(config_class, "written_before", None) or {})}
+
+
+def stored_policy_config(config_class: type, stored: dict) -> dict:
+    """A checkpoint's ``policy`` block with the fields it predates filled in (:func:`_defaults`)."""
+    legacy = dict(getattr(config_class, "written_before", None) or {})
+    return {**{k: v for k, v in legacy.items() if k not in stored}, **stored}
+
+
 def load_weights_into(policy, directory: str | os.PathLike) -> dict:
     """Load a checkpoint's weights into an existing policy; the configs must match."""
     state, manifest = load_state_dict_checked(directory)
@@ -158,7 +175,10 @@ def load_weights_into(policy, directory: str | os.PathLike) -> dict:
             "Load it with tutorial_utils.policies.load(dir), which picks the family for you."
         )
     ours = dataclasses.asdict(p.cfg)
-    diff = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
+    # a parameter added to the family after the checkpoint was written is absent from its config.json:
+    # the checkpoint was trained with that parameter's default
+    defaults = _defaults(type(p.cfg))
+    diff = {k: (theirs.get(k, defaults.get(k)), v) for k, v in ours.items() if theirs.get(k, defaults.get(k)) != v}
     if diff:
         pretty = ", ".join(f"{k}: checkpoint {a!r} vs model {b!r}" for k, (a, b) in diff.items())
         raise CheckpointError(
@@ -193,7 +213,9 @@ def load_policy(checkpoint_dir: str | os.PathLike, family: type, device: str = "
             "load it with tutorial_utils.policies.load(dir), which picks the family for you."
         )
     try:
-        cfg = params.from_mapping(family.config_class, manifest["policy"], str(d / CONFIG_FILE))
+        cfg = params.from_mapping(
+            family.config_class, stored_policy_config(family.config_class, manifest["policy"]), str(d / CONFIG_FILE)
+        )
     except params.ConfigError as exc:
         raise CheckpointError(
             f"{d / CONFIG_FILE}: {exc} The checkpoint was written by another version of the "

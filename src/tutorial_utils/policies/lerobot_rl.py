@@ -1,35 +1,36 @@
 """LeRobot 0.4.4's reinforcement-learning families, TD-MPC and SAC, fed from recorded demonstrations.
 
-What is real here, and what is not:
+**What has run, exactly.** Both families exist here only as smoke tests: ``tests/test_lerobot_rl.py``
+runs 2 optimisation steps of each on a 24-frame synthetic source (3 episodes of 8 frames, 48 px),
+saves, reloads and serves the result. Both have never been trained on the recorded LIBERO
+demonstrations and never evaluated in LIBERO: no success rate of TD-MPC or SAC exists in this book (:data:`TDMPC_WHAT_RAN`, :data:`SAC_WHAT_RAN`, which the zoo's messages quote).
 
-- **TD-MPC** (``tdmpc``, LeRobot's FOWM-style TD-MPC, ``lerobot.policies.tdmpc``) is trained *offline*
-  from the demonstrations with a sparse success reward: reward ``success_reward`` on the last frame
-  of a successful episode, 0 elsewhere (the recorder writes only successful episodes, so every
-  episode ends in a success). Its loss needs what the other families do not: the observations of
-  the ``horizon`` frames after the current one, the rewards and their padding masks. Those windows
-  come from :class:`DemonstrationWindows` (any training source: the v2.1 reader or arrays), and
-  :func:`offline_steps` runs optimisation steps on them. Served, it plans with LeRobot's MPPI/CEM
+What the code does:
+
+- **TD-MPC** (``tdmpc``, LeRobot's FOWM-style TD-MPC, ``lerobot.policies.tdmpc``) learns *offline*
+  from demonstration windows with a sparse success reward: reward ``success_reward`` on the last
+  frame of a successful episode, 0 elsewhere (the recorder writes only successful episodes, so every
+  episode ends in a success). Its loss needs what the other families do not: the observations of the
+  ``horizon`` frames after the current one, the rewards and their padding masks. Those windows come
+  from :class:`DemonstrationWindows` (any training source: the v2.1 reader or arrays). The project's
+  trainer trains it: ``python -m tutorial_utils train policy=tdmpc`` wraps its source with
+  :meth:`TDMPCPolicy.training_source` and its ``collate`` keeps the extra keys; :func:`offline_steps`
+  is the same optimisation in a loop of your own. Served, it plans with LeRobot's MPPI/CEM
   (``use_mpc``) over the learned latent model, from scratch on each request (no warm start across
   calls); :meth:`TDMPCPolicy.select_action` is LeRobot's own closed-loop call with its action queue.
-  What it is not: trained online, so its value estimates only ever saw the expert's actions.
+  Never trained online, so its value estimates would only ever see the expert's actions.
 - **SAC** (``sac``, ``lerobot.policies.sac``) is built and *updated* from the demonstrations'
   transitions ``(s, a, r, s', done)`` with the same sparse reward (:meth:`SACPolicy.update`: the
   critic step, then the actor and temperature steps, then the target critics' soft update, each with
-  its own optimiser, as LeRobot's learner does). That proves the update; it is not how SAC learns a
-  LIBERO task. Online training in LIBERO needs what LeRobot's actor/learner pair provides
-  (``lerobot.rl``: ``python -m lerobot.rl.learner`` + ``python -m lerobot.rl.actor``): an
-  environment loop that steps LIBERO with the actor's actions, a replay buffer that stores the
-  transitions (optionally seeded with these demonstrations as the offline buffer), a reward (the
-  environment's success signal, or a learned reward classifier), and many environment steps
-  (LeRobot's default ``online_steps`` is 1,000,000).
+  its own optimiser, as LeRobot's learner does; :func:`offline_steps`). That proves the update; it is
+  not how SAC learns a LIBERO task. The project's trainer does not train it (one loss, one optimiser):
+  ``train policy=sac`` stops before it starts with :data:`SAC_WHAT_RAN` and where to go. Online
+  training in LIBERO needs what LeRobot's actor/learner pair provides (``lerobot.rl``: ``python -m
+  lerobot.rl.learner`` + ``python -m lerobot.rl.actor``): an environment loop that steps LIBERO with
+  the actor's actions, a replay buffer that stores the transitions (optionally seeded with these
+  demonstrations as the offline buffer), a reward (the environment's success signal, or a learned
+  reward classifier), and many environment steps (LeRobot's default ``online_steps`` is 1,000,000).
 
-The project's trainer (``python -m tutorial_utils train``) cannot train them yet: its windows give
-the current frame and the action chunk, and its ``collate`` keeps only those keys, while TD-MPC/SAC
-need the next frames and the rewards; ``loss`` on such a batch raises
-:class:`~tutorial_utils.policies.base.PolicyUnavailable` saying so. ``training_source(source)`` is the
-hook a trainer needs: the windows it returns are a training source whose items also carry the
-standard keys, so a trainer that wraps its source with it and lets ``collate`` keep extra keys
-trains TD-MPC unchanged (SAC still needs its three optimisers: :meth:`SACPolicy.update`).
 Checkpoints, serving and evaluation are the seam's, as for every family.
 """
 
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -56,6 +57,19 @@ from tutorial_utils.policies.base import (
     observation_to_batch,
 )
 from tutorial_utils.policies.lerobot import CAMERA_NAMES, LeRobotPolicy
+
+#: What has run of each family, quoted by the trainer's refusal and the zoo's messages.
+TDMPC_WHAT_RAN = (
+    "TD-MPC has run here only as a smoke test: 2 optimisation steps (offline_steps, and again through the "
+    "project's trainer) on a 24-frame synthetic source, then a save, reload and served chunk. It has never been "
+    "trained on the recorded "
+    "demonstrations nor evaluated in LIBERO, so no TD-MPC success rate exists in this book"
+)
+SAC_WHAT_RAN = (
+    "SAC has run here only as a smoke test: 2 update steps (SACPolicy.update: critic, actor, temperature) on a "
+    "24-frame synthetic source, then a save, reload and served action. It has never been trained on the recorded "
+    "demonstrations, never run online in LIBERO, never evaluated, so no SAC success rate exists in this book"
+)
 
 #: the extra keys of a demonstration window (LeRobot's names, the observation windows prefixed)
 WINDOW = "window."
@@ -181,9 +195,13 @@ def _needs_windows(model: LeRobotPolicy, batch: Mapping[str, Any], frames: int) 
             f"policy {model.name!r} learns from windows of {frames} frames with rewards ({key} (B, {frames}, 8) "
             f"and {REWARD}); this batch has {key if key in batch else 'no ' + key}"
             f"{' of shape ' + str(shape) if key in batch else ''} and {'a' if REWARD in batch else 'no'} {REWARD}. "
-            "Feed it windows: the project's trainer does (`python -m tutorial_utils train "
-            f"policy={model.name}` wraps its data with model.training_source); in your own loop use "
-            "`offline_steps(model, model.training_source(source), steps=...)` from "
+            + (
+                "Feed it windows: "
+                if getattr(model, "trainer_refusal", "")
+                else "Feed it windows: the project's trainer does (`python -m tutorial_utils train "
+                f"policy={model.name}` wraps its data with model.training_source); in your own loop "
+            )
+            + "use `offline_steps(model, model.training_source(source), steps=...)` from "
             "tutorial_utils.policies.lerobot_rl."
         )
 
@@ -296,8 +314,11 @@ class TDMPCConfig:
 
 
 class TDMPCPolicy(_ClosedLoop, LeRobotPolicy):
-    """LeRobot's TD-MPC (``lerobot.policies.tdmpc``), one camera, trained offline with a sparse reward."""
+    """LeRobot's TD-MPC (``lerobot.policies.tdmpc``), one camera, trained offline with a sparse reward
+    by the project's trainer (so far only a 2-step smoke test: :data:`TDMPC_WHAT_RAN`)."""
 
+    #: what has run of this family (the module text)
+    what_ran: ClassVar[str] = TDMPC_WHAT_RAN
     name = "tdmpc"
     config_class = TDMPCConfig
     lerobot_type = "tdmpc"
@@ -451,8 +472,23 @@ class SACConfig:
 
 
 class SACPolicy(_ClosedLoop, LeRobotPolicy):
-    """LeRobot's SAC (``lerobot.policies.sac``), updated from demonstration transitions (see the module text)."""
+    """LeRobot's SAC (``lerobot.policies.sac``), updated from demonstration transitions with
+    :meth:`update` (so far only a 2-step smoke test: :data:`SAC_WHAT_RAN`); the project's trainer
+    refuses it with :attr:`trainer_refusal`."""
 
+    #: what has run of this family (the module text)
+    what_ran: ClassVar[str] = SAC_WHAT_RAN
+    #: why ``python -m tutorial_utils train policy=sac`` stops before it starts, and where to go
+    trainer_refusal: ClassVar[str] = (
+        "policy=sac is not trained by `python -m tutorial_utils train`: SAC updates three networks (critic, actor, "
+        "temperature), each with its own optimiser, from transitions (s, a, r, s', done), and the trainer runs one "
+        "loss with one optimiser. " + SAC_WHAT_RAN + ". What works here: building it, "
+        "SACPolicy.update(batch, model.make_optimizers()) or tutorial_utils.policies.lerobot_rl.offline_steps(model, "
+        "model.training_source(source), steps) in your own loop, saving, serving (one action per request). To learn "
+        "a LIBERO task with SAC, run LeRobot's actor/learner pair (python -m lerobot.rl.learner and python -m "
+        "lerobot.rl.actor) with an environment loop and a reward, a GPU-scale job. To train a policy on the "
+        "demonstrations here, pick a family the trainer trains: {families}."
+    )
     name = "sac"
     config_class = SACConfig
     lerobot_type = "sac"

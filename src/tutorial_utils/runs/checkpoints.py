@@ -113,7 +113,7 @@ def list_checkpoints(
             "reason": state.get("reason") or ("best (by hand)" if marked.get("by") == "hand" else "best"),
             "is_last": p.name == last,
             "is_best": p.name == ck.BEST or (best_step is not None and step == best_step),
-            "resumable": ck.is_complete(p),
+            "resumable": ck.is_complete(p) and ck.has_optimizer_state(p),  # keep_optimizer=last drops it
             **val,
         }
         ev = _results(d, p.name, p, results)

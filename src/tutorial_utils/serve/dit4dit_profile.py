@@ -25,7 +25,10 @@ before the next request. The statistics are the checkpoint's ``dataset_statistic
 (``{"<embodiment>": {"action": {"min", "max", "mask", ...}, ...}}``; upstream reads it at
 ``<pt>.parents[1]``).
 
-Our server (:class:`tutorial_utils.serve.server.PolicyServer`) answers the same shape: the served
+Our server (:class:`tutorial_utils.serve.server.PolicyServer`) answers the same shape, always
+:data:`CHUNK` (8) actions as upstream's server does, whatever the served policy's chunk (ACT's 16 are
+cut to their first 8, a shorter chunk is padded by repeating its last action:
+:class:`tutorial_utils.serve.protocol.ActionGuard`, which also clips them to [-1, 1]): the served
 policy's actions normalised by the same formula inverted (:meth:`ActionStatistics.normalize`), the
 gripper as +1 (open) / -1 (close), so our client's un-normalisation gives back the policy's own
 actions. The server decodes the state with ``atan2(sin, cos)``: angles come back modulo 2 pi, in

@@ -26,12 +26,16 @@ Two request shapes are understood (see :func:`to_policy_observation`):
   ``observation/state`` (8,), ``prompt``; reply ``actions`` (chunk x 7) in robosuite's gripper
   convention (-1 open, +1 close), so openpi's ``examples/libero/main.py`` passes them straight
   to ``env.step``: the server converts a ``"dataset"``-convention policy's chunk and announces
-  ``gripper: "robosuite"`` (the policy's own convention under ``policy_gripper``);
+  ``gripper: "robosuite"`` (the policy's own convention under ``policy_gripper``). The actions are
+  clipped to the env's range [-1, 1] (``clipped_values`` counts the reply's clipped numbers) and the
+  chunk holds at least 5 actions (openpi's ``replan_steps``; a shorter one is padded by repeating its
+  last action): :class:`ActionGuard`;
 - DiT4DiT (upstream's LIBERO client, :mod:`tutorial_utils.serve.dit4dit_profile`):
   ``{"examples": [{"image": [primary || wrist (224, 448, 3)], "lang": str, "state": (1, 16)}],
   "do_sample": False, "use_ddim": True, "num_ddim_steps": 10}``, the state interleaved sin/cos
   (sin s0, cos s0, ...) zero-padded to 16; reply upstream's ``{"status": "ok", "ok": True, "type":
-  "inference_result", "request_id": .., "data": {"normalized_actions": (1, chunk, 8)}}``: the
+  "inference_result", "request_id": .., "data": {"normalized_actions": (1, 8, 8)}}`` (always 8
+  actions, as upstream: a longer chunk is cut, a shorter one padded): the
   policy's actions normalised to [-1, 1] with the served checkpoint's min / max (gripper +1 open,
   -1 close), which the client un-normalises with the same ``dataset_statistics.json``.
 
@@ -209,6 +213,154 @@ def dit4dit_reply_chunk(reply: Any):
             f"(1, {DIT4DIT_CHUNK}, {DIT4DIT_ACTION_DIM})"
         )
     return a
+
+
+# --- what every chunk goes through before it is answered: the env's range and the client's length ---
+
+#: openpi's LIBERO loop (``examples/libero/main.py``) executes ``replan_steps`` actions of each chunk
+#: (default 5) and asserts the chunk holds at least that many (docs/FACTS.md section 14)
+OPENPI_REPLAN_STEPS = 5
+
+
+def fit_chunk(actions, length: int):
+    """(H, d) -> (length, d): the first ``length`` actions, a shorter chunk padded by repeating its
+    last action. Returns ``(chunk, how)`` with ``how`` ``"padded"``, ``"cut"`` or ``""``."""
+    import numpy as np
+
+    a = np.asarray(actions)
+    if a.shape[0] == length:
+        return a, ""
+    if a.shape[0] > length:
+        return a[:length], "cut"
+    return np.concatenate([a, np.repeat(a[-1:], length - a.shape[0], axis=0)]), "padded"
+
+
+class ActionGuard:
+    """What the server does to every chunk before it answers, so any client gets actions it can use.
+
+    - **The env's range.** Every number is clipped to LIBERO's action range (``[low, high]``, [-1, 1]:
+      :data:`tutorial_utils.data.libero_schema.LIBERO_ACTION_LOW`), because openpi's LIBERO client
+      passes the actions to ``env.step`` (a robot) unclipped. A policy emitting out-of-range values
+      stays visible: each clipped number is counted (:attr:`clipped_values`, :attr:`clipped_replies`,
+      :attr:`largest`), openpi replies carry the reply's count under ``clipped_values``, and the log
+      says so (the first three clipped replies, then the 10th, 100th, 1000th...).
+    - **The client's chunk length.** openpi: at least ``min_chunk`` actions (openpi's LIBERO loop
+      asserts ``len(chunk) >= replan_steps``, default 5): a shorter chunk (SAC's one action) is padded by
+      repeating its last action. DiT4DiT: exactly :data:`DIT4DIT_CHUNK` (8; upstream's client executes
+      the whole chunk): a longer one (ACT's 16) is cut to its first 8, a shorter one padded. Each change
+      is counted (:attr:`padded_replies`, :attr:`cut_replies`), announced in the metadata
+      (:meth:`metadata`) and logged once per protocol.
+    """
+
+    def __init__(
+        self,
+        action_horizon: int | None = None,
+        replan_steps: int | None = None,
+        min_chunk: int = OPENPI_REPLAN_STEPS,
+        low: float | None = None,
+        high: float | None = None,
+        log=None,
+    ):
+        import logging
+
+        from tutorial_utils.data.libero_schema import LIBERO_ACTION_HIGH, LIBERO_ACTION_LOW
+
+        if isinstance(min_chunk, bool) or not isinstance(min_chunk, int) or min_chunk < 0:
+            from tutorial_utils.errors import ConfigError
+
+            raise ConfigError(
+                f"min_chunk must be a whole number >= 0 (serve --min-chunk), found {min_chunk!r}: openpi's LIBERO "
+                f"loop needs chunks of at least its replan_steps ({OPENPI_REPLAN_STEPS}); 0 sends the policy's own"
+            )
+        self.horizon = int(action_horizon) if action_horizon else None
+        self.replan_steps = int(replan_steps) if replan_steps else None
+        self.min_chunk = min_chunk
+        self.low = LIBERO_ACTION_LOW if low is None else float(low)
+        self.high = LIBERO_ACTION_HIGH if high is None else float(high)
+        self.log = log or logging.getLogger("tutorial_utils.serve")
+        self.replies = self.clipped_values = self.clipped_replies = 0
+        self.padded_replies = self.cut_replies = 0
+        self.largest = 0.0  # the largest |value| clipped so far
+        self.last_clipped = 0
+        self._told: set[str] = set()
+
+    @classmethod
+    def for_policy(cls, metadata: dict, min_chunk: int = OPENPI_REPLAN_STEPS, log=None) -> ActionGuard:
+        """A guard for the policy whose metadata the server serves."""
+        return cls(metadata.get("action_horizon"), metadata.get("replan_steps"), min_chunk, log=log)
+
+    def metadata(self) -> dict[str, Any]:
+        """What the server adds to the metadata it announces: the range it clips to and, for a
+        policy whose chunk is shorter than ``min_chunk``, how openpi replies are padded."""
+        meta: dict[str, Any] = {"action_range": [self.low, self.high], "openpi_min_chunk": self.min_chunk}
+        if self.horizon and self.horizon < self.min_chunk:
+            meta["chunk_padding"] = self._padding_text("openpi", self.horizon, self.min_chunk)
+        return meta
+
+    def _padding_text(self, protocol: str, got: int, length: int) -> str:
+        if protocol == "dit4dit":
+            why = f"upstream's DiT4DiT client executes all {length} actions of a reply"
+        else:
+            why = f"openpi's LIBERO loop asserts a chunk of at least its replan_steps, default {OPENPI_REPLAN_STEPS}"
+        text = (
+            f"the policy returns {got} action(s) per chunk; {protocol} replies are padded to {length} by repeating "
+            f"its last action ({why}). A client that executes the whole reply repeats that action"
+        )
+        if self.replan_steps:
+            text += f"; one that follows metadata['replan_steps'] ({self.replan_steps}) executes only the policy's own"
+        return text
+
+    def __call__(self, actions, protocol: str = "openpi"):
+        """(H, 7) actions -> the chunk to answer with: clipped to the range, fitted to ``protocol``'s length."""
+        import numpy as np
+
+        a = np.asarray(actions, dtype=np.float32)
+        if a.ndim == 1:
+            a = a[None]
+        out = np.clip(a, self.low, self.high)
+        outside = (a < self.low) | (a > self.high)
+        n = int(outside.sum())
+        self.replies += 1
+        self.last_clipped = n
+        if n:
+            self.clipped_values += n
+            self.clipped_replies += 1
+            big = float(np.abs(a[outside]).max())
+            self.largest = max(self.largest, big)
+            k = self.clipped_replies
+            if k <= 3 or (k >= 10 and str(k).rstrip("0") == "1"):  # the first 3, then the 10th, 100th, ...
+                dims = sorted({int(d) for d in np.nonzero(outside)[1]})
+                self.log.warning(
+                    f"clipped {n} of {a.size} action values to [{self.low:g}, {self.high:g}] (largest |value| "
+                    f"{big:.4g}, action dims {dims}); so far {self.clipped_values} values in {k} of {self.replies} "
+                    "replies. The policy emits actions outside the env's range: check its training and statistics"
+                )
+        length = DIT4DIT_CHUNK if protocol == "dit4dit" else max(self.min_chunk, out.shape[0])
+        out, how = fit_chunk(out, length)
+        if how == "padded":
+            self.padded_replies += 1
+        elif how == "cut":
+            self.cut_replies += 1
+        if how and protocol + how not in self._told:
+            self._told.add(protocol + how)
+            if how == "padded":
+                self.log.info(self._padding_text(protocol, a.shape[0], length))
+            else:
+                self.log.info(
+                    f"the policy returns {a.shape[0]} actions per chunk; {protocol} replies carry its first "
+                    f"{length} (upstream's DiT4DiT server always sends {DIT4DIT_CHUNK}, and its client executes them all)"
+                )
+        return out.astype(np.float32)
+
+    def summary(self) -> str:
+        """One line for the server's log when it stops."""
+        text = (
+            f"actions: {self.clipped_values} value(s) clipped to [{self.low:g}, {self.high:g}] in "
+            f"{self.clipped_replies} of {self.replies} replies"
+        )
+        if self.clipped_values:
+            text += f" (largest |value| {self.largest:.4g})"
+        return text + f"; {self.padded_replies} chunk(s) padded, {self.cut_replies} cut"
 
 
 # --- request adapters ----------------------------------------------------------------------------

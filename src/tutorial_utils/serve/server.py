@@ -29,6 +29,8 @@ from tutorial_utils.serve.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_PORT,
     HEALTH_PATH,
+    OPENPI_REPLAN_STEPS,
+    ActionGuard,
     ObservationError,
     PortInUse,
     ServerUnavailable,
@@ -156,6 +158,13 @@ class PolicyServer:
     connect (:attr:`metadata`) says ``gripper: "robosuite"`` and keeps the policy's own convention
     under ``policy_gripper`` (:attr:`policy_metadata` is the policy's metadata unchanged).
 
+    Every chunk goes through :attr:`guard` (:class:`~tutorial_utils.serve.protocol.ActionGuard`):
+    clipped to the env's action range ([-1, 1]), each clipped number counted and logged (openpi
+    replies carry the reply's count under ``clipped_values``), and fitted to the client's length:
+    openpi replies hold at least ``min_chunk`` actions (openpi's LIBERO loop asserts
+    ``replan_steps``, default 5; a shorter chunk is padded by repeating its last action, which the
+    metadata's ``chunk_padding`` says), DiT4DiT replies exactly upstream's 8.
+
     DiT4DiT requests (:mod:`tutorial_utils.serve.dit4dit_profile`) get upstream's reply: the chunk
     normalised to [-1, 1] with :attr:`dit4dit_statistics` (``statistics``: a
     ``dataset_statistics.json`` path or map; else the served checkpoint's; else the action space's,
@@ -175,6 +184,7 @@ class PolicyServer:
         debug: bool = False,
         statistics: Any = None,
         max_bad_frames: int = DEFAULT_MAX_BAD_FRAMES,
+        min_chunk: int = OPENPI_REPLAN_STEPS,
     ):
         from tutorial_utils.errors import ConfigError
         from tutorial_utils.serve.dit4dit_profile import METADATA_KEY, server_statistics
@@ -197,6 +207,9 @@ class PolicyServer:
         self.metadata = announced_metadata(self.policy_metadata)
         self.dit4dit_statistics = server_statistics(policy, statistics)
         self.metadata[METADATA_KEY] = self.dit4dit_statistics.to_dict()
+        # every chunk is clipped to the env's range and fitted to the client's length (counted, logged)
+        self.guard = ActionGuard.for_policy(self.policy_metadata, min_chunk, logger)
+        self.metadata.update(self.guard.metadata())
         self.ready = threading.Event()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -242,12 +255,16 @@ class PolicyServer:
 
     def _reply(self, result: dict, protocol: str, request: dict) -> dict[str, Any]:
         if protocol == "dit4dit":
-            # a DiT4DiT client un-normalises with dataset_statistics.json itself
-            normalized = self.dit4dit_statistics.normalize(result["actions"], self.policy_gripper)
+            # upstream's 8-action chunk, in the env's range; a DiT4DiT client un-normalises with
+            # dataset_statistics.json itself
+            actions = self.guard(result["actions"], protocol)
+            normalized = self.dit4dit_statistics.normalize(actions, self.policy_gripper)
             return to_reply({"actions": normalized}, protocol, request.get("request_id", "default"))
+        actions = result["actions"]
         if self.policy_gripper != ROBOSUITE_GRIPPER:
             # openpi's client passes the actions straight to env.step: answer in robosuite's convention
-            result = {**result, "actions": action_to_env(result["actions"], self.policy_gripper)}
+            actions = action_to_env(actions, self.policy_gripper)
+        result = {**result, "actions": self.guard(actions, protocol), "clipped_values": self.guard.last_clipped}
         return to_reply(result, protocol)
 
     def _control(self, request: dict) -> dict:
@@ -406,7 +423,8 @@ class ServerThread:
     """
 
     def __init__(self, policy, host: str = DEFAULT_HOST, port: int = 0, metadata: dict | None = None, **server_options):
-        """``server_options``: :class:`PolicyServer`'s ``infer_in_thread``, ``max_frame_bytes``, ``debug``."""
+        """``server_options``: :class:`PolicyServer`'s ``infer_in_thread``, ``max_frame_bytes``, ``debug``,
+        ``statistics``, ``min_chunk``."""
         self.server = PolicyServer(policy, host, port, metadata, **server_options)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="policy-server", daemon=True)

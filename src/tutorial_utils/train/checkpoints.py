@@ -305,3 +305,53 @@ def discard_after(ckpt_root: Path, step: int) -> list[str]:
         remove_checkpoint(root / BEST)
         gone.append(BEST)
     return gone
+
+
+# --- keep_optimizer=last: older step_* checkpoints without their optimizer state -------------------
+
+
+def has_optimizer_state(path: Path) -> bool:
+    """Whether checkpoint ``path`` still holds the optimizer state (``keep_optimizer=last`` drops
+    it from every ``step_*`` but the newest; ``training_state.json`` then says ``"optimizer": false``)."""
+    try:
+        meta = json.loads((Path(path) / TRAIN_STATE_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return meta.get("optimizer", True) is not False
+
+
+def drop_optimizer_states(ckpt_root: Path, keep: str) -> list[str]:
+    """``keep_optimizer=last``: remove the optimizer state from every complete ``step_*`` but
+    ``keep`` (the one just saved). Each keeps its weights, scheduler and RNG state (it can be
+    served, evaluated, marked best, used as ``pretrained_checkpoint``), and its
+    ``training_state.json`` records ``"optimizer": false`` so a resume from it is refused with the
+    reason (:func:`optimizer_state_missing`). Returns the names it lightened."""
+    import torch
+
+    from tutorial_utils.io import atomic_path, atomic_write_json
+
+    done = []
+    for p in step_dirs(ckpt_root):
+        if p.name == keep or not has_optimizer_state(p):
+            continue
+        state = torch.load(p / TRAIN_STATE_FILE, map_location="cpu", weights_only=True)
+        state.pop("optimizer", None)
+        with atomic_path(p / TRAIN_STATE_FILE) as tmp:
+            torch.save(state, tmp)
+        meta = json.loads((p / TRAIN_STATE_JSON).read_text(encoding="utf-8"))
+        atomic_write_json(p / TRAIN_STATE_JSON, {**meta, "optimizer": False, "optimizer_dropped_for": keep})
+        done.append(p.name)
+    return done
+
+
+def optimizer_state_missing(path: Path, ckpt_root: Path | None = None) -> ConfigError:
+    """The error for a resume from a checkpoint whose optimizer state was dropped."""
+    path = Path(path)
+    root = Path(ckpt_root) if ckpt_root is not None else path.parent
+    newest = last_target(root) or next((p.name for p in reversed(step_dirs(root)) if has_optimizer_state(p)), None)
+    return ConfigError(
+        f"checkpoint {path.name} ({path}) holds no optimizer state: the run was trained with keep_optimizer=last, "
+        f"which keeps it only in the newest step_* checkpoint{f' ({newest})' if newest else ''}. Resume from that "
+        "one (resume=true, or resume_from=last), or start a new run from these weights with "
+        f"pretrained_checkpoint={path} (a fresh optimizer: the losses will not match the original run's)."
+    )

@@ -37,6 +37,8 @@ def _p(default: Any, help: str, group: str = "training", **profiles: Any) -> Any
 PRECISIONS = ("auto", "fp32", "bf16")
 #: ``compile_backend`` values (torch.compile backends).
 COMPILE_BACKENDS = ("inductor", "aot_eager")
+#: ``keep_optimizer``: every step_* checkpoint keeps its optimizer state, or only the newest
+KEEP_OPTIMIZER = ("all", "last")
 
 
 @dataclass
@@ -134,6 +136,12 @@ class TrainConfig:
         0,
         "keep only the newest N step_* checkpoints (never the one `last` points to, nor `best` and the "
         "step_* it came from); 0: keep all",
+    )
+    keep_optimizer: str = _p(
+        "all",
+        "which step_* checkpoints keep the optimizer state a resume needs: all, or last (only the newest; "
+        "older ones keep weights, scheduler and RNG, about a third of the size for LeRobot families, and can "
+        "still be served, evaluated or used as pretrained_checkpoint, but not resumed from)",
     )
     optimizer_lr: float = _p(
         1e-4, "peak learning rate of the optimiser (1e-5..1e-4; lower when fine-tuning)", "optimizer", cpu=3e-4
@@ -296,6 +304,11 @@ class TrainConfig:
             raise ConfigError(f"precision={self.precision!r}: use {', '.join(PRECISIONS)}")
         if self.compile_backend not in COMPILE_BACKENDS:
             raise ConfigError(f"compile_backend={self.compile_backend!r}: use {', '.join(COMPILE_BACKENDS)}")
+        if self.keep_optimizer not in KEEP_OPTIMIZER:
+            raise ConfigError(
+                f"keep_optimizer={self.keep_optimizer!r}: use {' or '.join(KEEP_OPTIMIZER)} (last: only the newest "
+                "step_* checkpoint keeps the optimizer state, so only it can be resumed from)"
+            )
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction={self.val_fraction} must be in [0, 1)")
         if self.optimizer_lr <= 0:

@@ -95,10 +95,13 @@ from tutorial_utils.train.checkpoints import (
     TRAIN_STATE_JSON,
     OutputDirInUse,
     discard_after,
+    drop_optimizer_states,
     find_last,
+    has_optimizer_state,
     load_train_state,
     lock_output_dir,
     marked_by_hand,
+    optimizer_state_missing,
     point_last,
     prune,
     remove_stale_temps,
@@ -143,6 +146,7 @@ RESUME_FREE = (
     "data_cache_mb",
     "keep_final_model",
     "keep_last",
+    "keep_optimizer",
     "pretrained_checkpoint",
     "precision",
     "torch_compile",
@@ -516,7 +520,9 @@ class Checkpointer:
         return self.ema.applied(model) if self.ema is not None else contextlib.nullcontext(model)
 
     def resume_point(self) -> Path | None:
-        """The checkpoint to resume from; refuses to start a fresh run over an old one."""
+        """The checkpoint to resume from; refuses to start a fresh run over an old one, and a
+        checkpoint whose optimizer state ``keep_optimizer=last`` dropped."""
+        found = None
         if self.cfg.resume_from:
             found = resolve_checkpoint(self.root, self.cfg.resume_from)
             if found.resolve().parent != self.root.resolve():  # a resume continues only the run's own checkpoints
@@ -525,14 +531,16 @@ class Checkpointer:
                     f"new run from it (`python -m tutorial_utils runs resume RUN --from {found}` does), or start a "
                     "new run with pretrained_checkpoint=<it>."
                 )
-            return found
-        if self.cfg.resume:
+        elif self.cfg.resume:
             found = find_last(self.root)
             if found is None:
                 raise ConfigError(
                     f"resume=true but {self.root} holds no complete checkpoint; start without resume "
                     "(or point output_dir at the run to continue)."
                 )
+        if found is not None:
+            if not has_optimizer_state(found):
+                raise optimizer_state_missing(found, self.root)
             return found
         if (self.root / "last").exists() or list(self.root.glob("step_*")):
             raise ConfigError(
@@ -550,6 +558,8 @@ class Checkpointer:
         load_weights_into(model, path)
         state = load_train_state(path)  # a teaching error for a corrupt file, not torch's advice
         self.restored = state
+        if "optimizer" not in state:
+            raise optimizer_state_missing(path, self.root)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
@@ -604,6 +614,8 @@ class Checkpointer:
                 },
             )
         point_last(self.root, target)
+        if self.cfg.keep_optimizer == "last":
+            drop_optimizer_states(self.root, keep=target.name)
         gone = prune(self.root, self.cfg.keep_last, protect=(target.name,))
         if gone:
             print(f"keep_last={self.cfg.keep_last}: removed {', '.join(gone)}", file=sys.stderr)
@@ -1068,6 +1080,8 @@ def _prepare(cfg: TrainConfig, source, held: contextlib.ExitStack) -> _Setup:
     from tutorial_utils.policies.checkpoint import load_weights_into
 
     cfg.check()
+    if refusal := policies.trainer_refusal(cfg.policy):  # a family trained by other means (SAC)
+        raise ConfigError(refusal)
     if not cfg.output_dir:
         raise ConfigError("output_dir is empty: pass --output-dir DIR (a job's run_dir) so the run has a home.")
     if cfg.tensorboard or cfg.wandb:
