@@ -221,6 +221,14 @@ def _read_bounded(path: Path, max_bytes: int, fix: str) -> bytes:
         os.close(fd)
 
 
+def read_bounded_bytes(
+    path: str | os.PathLike, max_bytes: int = SMALL_FILE_MAX_BYTES, fix: str = "rewrite the file"
+) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` (see :func:`read_small`; a FIFO,
+    a device, a symlink to either or a bigger file is a :class:`SmallFileError`)."""
+    return _read_bounded(Path(path), max_bytes, fix)
+
+
 def _depth_ok(obj: Any, max_depth: int) -> bool:
     """Whether ``obj`` nests lists/dicts at most ``max_depth`` deep (iterative; shared YAML
     aliases are visited once)."""
