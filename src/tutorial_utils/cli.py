@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
+    from tutorial_utils.secrets import RedactingStream
+
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)  # no token reaches the terminal
     try:
         module = importlib.import_module(COMMANDS[name][0])
         return int(module.main(rest) or 0)
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED if kind else EXIT_INTERNAL
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 if __name__ == "__main__":
