@@ -1,5 +1,9 @@
 """Atomic file writes: a temp file in the same folder, fsync, then rename. A reader never
-sees half a file and a crash never leaves one behind. The one way the package writes files."""
+sees half a file and a crash never leaves one behind. The one way the package writes files.
+
+And bounded, typed reads of small JSON/YAML files (:func:`read_small`, :func:`read_json_or_empty`):
+regular files only, a size and a depth cap, a type check, an error naming the file and the key.
+The one way the package reads a control file, a status, a manifest or a config."""
 
 from __future__ import annotations
 
