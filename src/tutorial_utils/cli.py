@@ -50,17 +50,69 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+#: exit codes every command shares (a command may add its own: ``serve`` 3, a policy it cannot load)
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 70, 130
+#: set to 1 to see the traceback of an error a command did not expect
+DEBUG_ENV = "TUTORIAL_DEBUG"
+
+
+def _one_line(exc: BaseException, limit: int = 600) -> str:
+    from tutorial_utils.secrets import redact
+
+    text = " ".join(redact(str(exc)[: limit * 2]).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Exit codes: 0 done, 1 a check or a step failed, 2 bad input (usage, a
+    teaching error), 3 ``serve`` could not load its policy, 70 an error the command did not
+    expect (one line; ``TUTORIAL_DEBUG=1`` shows its traceback), 130 interrupted. No traceback
+    reaches the user unless asked for."""
+    import os
+
+    from tutorial_utils.errors import DiskFull, TutorialError
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(_usage())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+        print(
+            f"unknown command {_one_line(ValueError(repr(name)), 80)}; commands: {', '.join(COMMANDS)} "
+            "(python -m tutorial_utils --help)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    from tutorial_utils.secrets import RedactingStream
+
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = RedactingStream(out), RedactingStream(err)  # no token reaches the terminal
+    try:
+        module = importlib.import_module(COMMANDS[name][0])
+        return int(module.main(rest) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (DiskFull, TutorialError) as exc:  # a teaching error a command did not catch itself
+        print(f"error: {_one_line(exc, 2000)}", file=sys.stderr)
+        return EXIT_FAILED if isinstance(exc, DiskFull) else EXIT_BAD_INPUT
+    except Exception as exc:
+        if os.environ.get(DEBUG_ENV) == "1":
+            raise
+        kind = "the disk is full: free space and rerun" if getattr(exc, "errno", None) == 28 else None
+        print(
+            f"error: {name}: {type(exc).__name__}: {_one_line(exc)}"
+            + (
+                f" ({kind})"
+                if kind
+                else f". This is unexpected: rerun with {DEBUG_ENV}=1 for the traceback and report it."
+            ),
+            file=sys.stderr,
+        )
+        return EXIT_FAILED if kind else EXIT_INTERNAL
+    finally:
+        sys.stdout, sys.stderr = out, err
 
 
 if __name__ == "__main__":

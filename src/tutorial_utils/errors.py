@@ -89,3 +89,13 @@ def is_disk_full(exc: BaseException, where: str | os.PathLike | None = None) -> 
         except OSError:
             return False
     return False
+
+
+def error_text(exc: BaseException, limit: int = 4000) -> str:
+    """What a command prints for an error it refuses with: ``error: <message>``, secrets masked
+    (:func:`tutorial_utils.secrets.redact`: a parameter value may be a token) and at most
+    ``limit`` characters (a message quoting a huge value stays short)."""
+    from tutorial_utils.secrets import redact
+
+    text = redact(str(exc)[: limit * 2])
+    return "error: " + (text if len(text) <= limit else text[:limit] + "...")

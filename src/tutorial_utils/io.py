@@ -1,5 +1,9 @@
 """Atomic file writes: a temp file in the same folder, fsync, then rename. A reader never
-sees half a file and a crash never leaves one behind. The one way the package writes files."""
+sees half a file and a crash never leaves one behind. The one way the package writes files.
+
+And bounded, typed reads of small JSON/YAML files (:func:`read_small`, :func:`read_json_or_empty`):
+regular files only, a size and a depth cap, a type check, an error naming the file and the key.
+The one way the package reads a control file, a status, a manifest or a config."""
 
 from __future__ import annotations
 
@@ -219,6 +223,14 @@ def _read_bounded(path: Path, max_bytes: int, fix: str) -> bytes:
         return data
     finally:
         os.close(fd)
+
+
+def read_bounded_bytes(
+    path: str | os.PathLike, max_bytes: int = SMALL_FILE_MAX_BYTES, fix: str = "rewrite the file"
+) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` (see :func:`read_small`; a FIFO,
+    a device, a symlink to either or a bigger file is a :class:`SmallFileError`)."""
+    return _read_bounded(Path(path), max_bytes, fix)
 
 
 def _depth_ok(obj: Any, max_depth: int) -> bool:

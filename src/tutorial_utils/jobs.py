@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import paths, profiles
-from tutorial_utils.errors import ConfigError, DiskFull, TutorialError, is_disk_full
+from tutorial_utils.errors import ConfigError, DiskFull, TutorialError, error_text, is_disk_full
 from tutorial_utils.io import atomic_write_text, read_json_or_empty
 from tutorial_utils.secrets import redact, redact_data
 
@@ -781,7 +781,7 @@ def main(argv: list[str]) -> int:
         params = cli_parameters(args.parameter, defaults)
         res = run_notebook(args.notebook, params, args.run_dir, reuse=args.reuse, echo=not args.quiet)
     except (JobError, JobFailed) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 1
     verb = "reused" if res.reused else "finished"
     print(f"job {verb}: {res.run_dir} ({res.wall_s:.1f} s)")

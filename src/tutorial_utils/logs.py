@@ -1223,7 +1223,9 @@ def main(argv: list[str]) -> int:
     try:
         d = diagnose(args.run_dir)
     except FileNotFoundError as exc:
-        print(f"error: {exc}", file=_sys.stderr)
+        from tutorial_utils.errors import error_text
+
+        print(error_text(exc), file=_sys.stderr)
         return 2
     print(_json.dumps(d.to_dict(), indent=2) if args.json else str(d))
     return 0 if d.ok else 1

@@ -28,7 +28,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tutorial_utils.errors import ConfigError
+from tutorial_utils.errors import ConfigError, error_text
 
 
 class _Same:
@@ -336,7 +336,7 @@ def parse_cli(cls, argv: list[str], prog: str, description: str):
         base = read_json(cls, args.config) if args.config else None
         return from_mapping(cls, {k: v for k, v in vars(args).items() if k in names}, f"`{prog} --list-params`", base)
     except TutorialError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -126,3 +126,23 @@ def scrubbed_env(extra_remove: tuple[str, ...] = ()) -> dict[str, str]:
     for k in SECRET_VARS + extra_remove:
         env.pop(k, None)
     return env
+
+
+class RedactingStream:
+    """A text stream that passes every write through :func:`redact` (``python -m
+    tutorial_utils`` wraps stdout and stderr in it, the last line of defence for any message
+    that quotes a value holding a token). Everything else is the wrapped stream's."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text) if isinstance(text, str) else text)
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import jobs, paths
-from tutorial_utils.errors import ConfigError, TutorialError
+from tutorial_utils.errors import ConfigError, TutorialError, error_text
 from tutorial_utils.io import atomic_write_json
 from tutorial_utils.params import param
 from tutorial_utils.params import param as _param  # SweepConfig has a field named `param`
@@ -1202,6 +1202,6 @@ def main(argv: list[str]) -> int:
             for f in promote(args.run, args.prefix, reference=args.reference):
                 print(f"promoted {f}")
     except (ConfigError, FileNotFoundError, PolicyUnavailable) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 1
     return 0

@@ -103,3 +103,27 @@ def test_a_flood_of_bad_frames_does_not_starve_a_good_client():
         t.join(10)
         assert srv.server.errors >= 32  # the flood reached the server (and was cut off)
     assert worst < 2.0, f"a good request waited {worst:.2f} s behind the flood"
+
+
+class _EchoingPolicy:
+    """A policy whose own failure quotes what the client sent (a token in the prompt)."""
+
+    name = "echoing"
+    metadata = {"policy": "echoing", "image_size": 32, "action_horizon": 1}
+
+    def infer(self, obs):
+        raise RuntimeError(f"cannot handle prompt {obs.get('prompt')!r}")
+
+
+def test_a_token_a_client_sends_reaches_no_reply_and_no_log_line_or_traceback(caplog):
+    caplog.set_level(logging.INFO, logger="tutorial_utils.serve")
+    with ServerThread(_EchoingPolicy()) as srv, _connect(srv.port) as ws:
+        ws.send(packb({**openpi_observation(32), "prompt": f"use {TOKEN} please"}))
+        reply = ws.recv(timeout=10)
+        ws.send(packb({f"bad-{TOKEN}": 1}))
+        bad = ws.recv(timeout=10)
+    for text in (reply, bad):
+        assert isinstance(text, str) and TOKEN not in text and "***" in text, text
+    logged = "\n".join(logging.Formatter().format(r) for r in caplog.records)
+    assert "Traceback" in logged  # the policy's own failure keeps its traceback...
+    assert TOKEN not in logged and TOKEN not in caplog.text  # ...masked

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tutorial_utils.data.format import LeRobotDataset
-from tutorial_utils.errors import TutorialError
+from tutorial_utils.errors import TutorialError, error_text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,6 +112,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
     except TutorialError as exc:  # DatasetError, ModalityError...: the message names the file and the fix
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 1
     return 0

@@ -42,7 +42,7 @@ from tutorial_utils.data.video import (
     probe_video,
 )
 from tutorial_utils.errors import DatasetError
-from tutorial_utils.io import atomic_path, atomic_write_json, atomic_write_text
+from tutorial_utils.io import SmallFileError, atomic_path, atomic_write_json, atomic_write_text, read_bounded_bytes
 
 # --------------------------------------------------------------------------------------
 # Constants: the format and the LIBERO schema live here and nowhere else.
@@ -95,10 +95,16 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+#: the largest metadata file read (info.json, episodes.jsonl of many thousand episodes, stats)
+METADATA_MAX_BYTES = 256 << 20
+
+
 def _read_text(path: Path, fix: str) -> str:
     """A metadata file as text; non-UTF-8 bytes or an unreadable file raise :class:`DatasetError`."""
-    try:
-        return path.read_text(encoding="utf-8")
+    try:  # a regular file of bounded size: a FIFO or a symlink to /dev/zero never hangs or fills memory
+        return read_bounded_bytes(path, METADATA_MAX_BYTES, fix).decode("utf-8")
+    except SmallFileError as exc:
+        raise DatasetError(path, None, exc.problem, fix) from None
     except UnicodeDecodeError as exc:
         raise DatasetError(path, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})", fix) from None
     except OSError as exc:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils import jobs
-from tutorial_utils.errors import TutorialError
+from tutorial_utils.errors import TutorialError, error_text
 from tutorial_utils.evaluate import shards as S
 from tutorial_utils.evaluate.loop import RESULTS_FILE, SERVER_LOG, EvalConfig, eval_log_name, run_evaluation
 from tutorial_utils.io import atomic_write_json, atomic_write_text
@@ -298,7 +298,7 @@ def merge_main(argv: list[str]) -> int:
     try:
         dest, res = merge_dirs(args.run_dirs, args.out, tuple(args.ignore))
     except TutorialError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 2
     for t in res["tasks"]:
         print(f"task {t['task_id']}: {t['successes']}/{len(t['episodes'])}  {t['task']}")

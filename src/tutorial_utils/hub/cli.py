@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tutorial_utils.errors import TutorialError
+from tutorial_utils.errors import TutorialError, error_text
 from tutorial_utils.hub.assets import ASSETS
 
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns.action in ("download", "verify") and v["stale_incomplete"]:
             print(f"removed {len(v['stale_incomplete'])} stale .incomplete file(s): {', '.join(v['stale_incomplete'])}")
     except TutorialError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 1
     return 0
 
@@ -93,7 +93,7 @@ def _serve(asset: str, source: str | None, port: int) -> int:
         hub = LocalHub(port=port)
         hub.add(repo_from_spec(asset, source, gated=False))
     except TutorialError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 1
     with hub:
         print(f"serving {source} as {asset} on a local stand-in for the Hub: {hub.url}", flush=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 from tutorial_utils import logs as L
 from tutorial_utils import paths
 from tutorial_utils.data.format import read_info
+from tutorial_utils.errors import error_text
 from tutorial_utils.evaluate.loop import RESULTS_FILE, SERVER_LOG, eval_log_name
 from tutorial_utils.io import atomic_write_bytes, atomic_write_json, promote_text
 from tutorial_utils.secrets import redact_data
@@ -331,7 +332,7 @@ def main(argv: list[str]) -> int:
         else:
             done = training(args.run_dir, logs_dir=logs_dir, prefix=args.prefix or "train_")
     except (FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 1
     for key, path in done.items():
         print(f"{key}: {path}")

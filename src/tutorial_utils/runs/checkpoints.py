@@ -15,7 +15,6 @@ comes with its 95% Wilson interval.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 import os
 import shutil
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils.errors import ConfigError
-from tutorial_utils.io import atomic_dir, atomic_write_json, dir_size, read_json_or_empty
+from tutorial_utils.io import atomic_dir, atomic_write_json, dir_size, read_json_or_empty, read_small
 from tutorial_utils.runs.registry import RunBusy, read_metrics, resolve, resolve_owned, run_state
 from tutorial_utils.train import checkpoints as ck
 
@@ -130,7 +129,11 @@ def attach_results(
     shows its success rate."""
     d = resolve(run, runs_dir)
     path = ck.resolve_checkpoint(d / ck.CHECKPOINTS_DIR, checkpoint, resumable=False)
-    data = json.loads(Path(results_json).read_text(encoding="utf-8"))
+    data = read_small(
+        results_json,
+        schema={"total_episodes": int, "total_successes": int},
+        fix="pass the results.json an evaluation wrote (runs evaluate / the evaluation job)",
+    )
     return atomic_write_json(d / EVALUATIONS_DIR / path.name / RESULTS_FILE, data)
 
 

@@ -8,7 +8,7 @@ import json
 import signal
 import sys
 
-from tutorial_utils.errors import TutorialError
+from tutorial_utils.errors import TutorialError, error_text
 from tutorial_utils.io import human_bytes
 
 
@@ -196,6 +196,6 @@ def main(argv: list[str] | None = None) -> int:
             m = export.verify(args.bundle)
             print(f"{args.bundle}: ok ({len(m['files'])} files match the manifest)")
     except (TutorialError, TimeoutError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 2
     return 0

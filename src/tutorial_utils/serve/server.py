@@ -42,6 +42,21 @@ from tutorial_utils.serve.wire import packb, unpackb
 
 logger = logging.getLogger("tutorial_utils.serve")
 
+
+class _Redact(logging.Filter):
+    """Mask secrets in every record of the server's logger, its traceback included (a policy's
+    error text may carry a token a client sent): the traceback is formatted here, redacted,
+    and kept as the record's ``exc_text``, which handlers print instead of formatting it again."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = _secrets.redact(record.getMessage()), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = _secrets.redact(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+logger.addFilter(_Redact())
+
 #: websockets' close code for a frame over ``max_size``
 CLOSE_MESSAGE_TOO_BIG = 1009
 #: the key of openpi's control frames (episode_start / episode_end): see PolicyServer._control

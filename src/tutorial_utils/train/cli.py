@@ -6,7 +6,7 @@ import argparse
 import signal
 import sys
 
-from tutorial_utils.errors import TutorialError
+from tutorial_utils.errors import TutorialError, error_text
 from tutorial_utils.train.config import TrainConfig, parameters_table, parse_overrides
 from tutorial_utils.train.loop import train
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         res = train(cfg)
     except TutorialError as exc:  # config, dataset, checkpoint and statistics errors carry their own fix
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 2
     sig = getattr(signal, res.stopped_by, None) if res.stopped_by else None
     if sig is not None:  # stopped by a signal: the shell's 128 + N; a control-file stop or pause is a normal exit
