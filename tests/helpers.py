@@ -65,9 +65,13 @@ def needs_lerobot():
     """Skip unless LeRobot 0.4.4 is installed (``make setup`` installs it)."""
     import pytest
 
-    return pytest.importorskip(
+    module = pytest.importorskip(
         "lerobot", reason="LeRobot 0.4.4 is not installed: `make setup` installs requirements-lerobot04.txt"
     )
+    from tutorial_utils.policies._torchvision import ensure_importable
+
+    ensure_importable()  # LeRobot's modules import torchvision, whose CUDA wheel needs this beside CPU torch
+    return module
 
 
 def fuzz_settings(default_examples: int):
