@@ -212,10 +212,10 @@ def test_published_copy_serves_cleanly_and_offline(driver, tmp_path):
         assert any("/embed-amd.js" in r for r in fetched), f"{page}: the widget manager was not loaded"
 
 
-#: the controls of the chapters' outputs (not the theme's own buttons), visible ones only
+#: the controls of the chapters' outputs (not the theme's own, such as the copy buttons), visible ones only
 _CONTROLS = """
 return [...document.querySelectorAll(
-  '.cell_output .noUi-handle, .cell_output input[type=range], .cell_output button, .cell_output select')]
+  '.cell_output .noUi-handle, .cell_output input[type=range], .cell_output button:not(.copybtn), .cell_output select')]
   .filter(e => e.offsetParent !== null);
 """
 #: what the output around a control shows: its visible images and its text, minus the readouts

@@ -646,7 +646,9 @@ class RunMonitor:
 
     def frozen_html(self) -> str:
         """The panel as it is now, as plain HTML with no controls, and where to get the live one."""
-        png = base64.b64encode(self.image.value).decode() if self.image.value else ""
+        with self._lock:  # drawn again here with its text readable at the page's width
+            png = figure_png(readable(panel_figure(self.view, self.figsize)), dpi=100) if self.view else b""
+        png = base64.b64encode(png).decode()
         return (
             '<div class="monitor-frozen"><p><em>The live panel as it was when this cell ran. In JupyterLab '
             "(<code>make lab</code>) it follows the run and its Stop and Pause buttons work.</em></p>"

@@ -15,7 +15,7 @@ import math
 #: the text column of the HTML book, in CSS pixels: a wider figure is shown scaled down to it
 PAGE_PX = 700
 #: the smallest text a shown figure may have, in CSS pixels at :data:`PAGE_PX`
-MIN_TEXT_PX = 9.0
+MIN_TEXT_PX = 10.0
 
 
 def readable(fig, page_px: int = PAGE_PX, min_text_px: float = MIN_TEXT_PX):
