@@ -244,6 +244,8 @@ def _from_content(name: str, path: Path) -> dict[str, Any]:
             out.update({k: tc[k] for k in ("dataset", "frames", "episodes") if k in tc})
         except (FileNotFoundError, ValueError):
             pass
+    if isinstance(d.get("policy"), dict) and d["policy"].get("policy") == "expert":
+        out["no_dataset"] = "no training data (the scripted expert)"
     if "dataset" not in out and isinstance(d.get("policy"), dict):  # an evaluation of a promoted training
         ckpt = str(d["policy"].get("checkpoint") or "")
         for summary in sorted({*paths.LOGS.glob("*summary.json"), *(paths.PROMOTED / "logs").glob("*summary.json")}):
@@ -307,7 +309,7 @@ def line(name: str | os.PathLike) -> str:
         extra.append(f"fingerprint {m['fingerprint']}" if m.get("fingerprint") else "fingerprint not recorded")
         parts.append(f"{ds} ({', '.join(extra)})")
     else:
-        parts.append("dataset not recorded")
+        parts.append(m.get("no_dataset", "dataset not recorded"))
     if m.get("commit"):
         parts.append(f"commit {m['commit']}")
     elif m.get("shipped_in"):
