@@ -290,7 +290,7 @@ def compare_recording(meta: dict[str, Any], recording: dict[str, Any]) -> str | 
         return None
 
     def _name(m):
-        bits = [f"{m[k]} {k}" for k in ("episodes", "frames") if m.get(k) is not None]
+        bits = [f"{m[k]} {k[:-1] if m[k] == 1 else k}" for k in ("episodes", "frames") if m.get(k) is not None]
         bits += [f"fingerprint {m['fingerprint']}"] if m.get("fingerprint") else []
         return f"{m['dataset']} ({', '.join(bits) or 'size not recorded'})"
 
@@ -305,7 +305,8 @@ def line(name: str | os.PathLike) -> str:
     parts = [f"Run {m.get('run_id', 'not recorded')}" + (f" ({m['date']})" if m.get("date") else "")]
     if m.get("dataset"):
         ds = f"dataset {m['dataset']}"
-        extra = [f"{m['episodes']} episodes"] if m.get("episodes") is not None else []
+        n = m.get("episodes")
+        extra = [f"{n} episode{'' if n == 1 else 's'}"] if n is not None else []
         extra.append(f"fingerprint {m['fingerprint']}" if m.get("fingerprint") else "fingerprint not recorded")
         parts.append(f"{ds} ({', '.join(extra)})")
     else:
@@ -397,7 +398,8 @@ def success(successes: int, episodes: int, demonstrated: tuple[int, int] | int |
         a, b = (demonstrated, demonstrated) if isinstance(demonstrated, int) else demonstrated
         count = str(a) if a == b else f"{a} to {b}"
         verb = "was" if a == b == 1 else "were"
-        text += f"; {count} of the {n} evaluated starts {verb} demonstrated"
+        starts = "start" if n == 1 else "starts"
+        text += f"; {count} of the {n} evaluated {starts} {verb} demonstrated"
         if a == b == 0:
             text += " (all held out)"
     return text
