@@ -174,3 +174,10 @@ def test_every_fact_links_to_a_reference_the_book_cites():
         label, url = facts.REFERENCES[facts.reference(name)]
         assert url in refs, f"{name}: its source {url} is not on the references page"
         assert "FACTS.md" not in facts.source_text(name) and "seeds/" not in facts.source_text(name)
+
+
+def test_an_expert_evaluation_says_it_learned_from_no_data(copies):
+    results = {"policy": {"policy": "expert"}, "config": {"output_dir": "runs/eval-expert"}, "tasks": []}
+    (copies / "logs" / "eval_results.json").write_text(json.dumps(results))
+    line = provenance.line("logs/eval_results.json")
+    assert line.startswith("Run eval-expert, no training data (the scripted expert), commit")

@@ -242,6 +242,11 @@ def test_parse_task_ids_and_output_dir(tmp_path):
     assert (
         rec.resolve_output_dir("", tmp_path, "libero_spatial", 128).name == "libero_spatial_no_noops_expert_128_lerobot"
     )
+    # a recording from other init states never resumes into (and mixes with) the default one
+    assert (
+        rec.resolve_output_dir("", tmp_path, "libero_spatial", 128, 10).name
+        == "libero_spatial_no_noops_expert_128_init10_lerobot"
+    )
 
 
 def test_schema_report_against_ipec(tmp_path):

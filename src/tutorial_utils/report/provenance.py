@@ -244,6 +244,8 @@ def _from_content(name: str, path: Path) -> dict[str, Any]:
             out.update({k: tc[k] for k in ("dataset", "frames", "episodes") if k in tc})
         except (FileNotFoundError, ValueError):
             pass
+    if isinstance(d.get("policy"), dict) and d["policy"].get("policy") == "expert":
+        out["no_dataset"] = "no training data (the scripted expert)"
     if "dataset" not in out and isinstance(d.get("policy"), dict):  # an evaluation of a promoted training
         ckpt = str(d["policy"].get("checkpoint") or "")
         for summary in sorted({*paths.LOGS.glob("*summary.json"), *(paths.PROMOTED / "logs").glob("*summary.json")}):
@@ -288,7 +290,7 @@ def compare_recording(meta: dict[str, Any], recording: dict[str, Any]) -> str | 
         return None
 
     def _name(m):
-        bits = [f"{m[k]} {k}" for k in ("episodes", "frames") if m.get(k) is not None]
+        bits = [f"{m[k]} {k[:-1] if m[k] == 1 else k}" for k in ("episodes", "frames") if m.get(k) is not None]
         bits += [f"fingerprint {m['fingerprint']}"] if m.get("fingerprint") else []
         return f"{m['dataset']} ({', '.join(bits) or 'size not recorded'})"
 
@@ -303,11 +305,12 @@ def line(name: str | os.PathLike) -> str:
     parts = [f"Run {m.get('run_id', 'not recorded')}" + (f" ({m['date']})" if m.get("date") else "")]
     if m.get("dataset"):
         ds = f"dataset {m['dataset']}"
-        extra = [f"{m['episodes']} episodes"] if m.get("episodes") is not None else []
+        n = m.get("episodes")
+        extra = [f"{n} episode{'' if n == 1 else 's'}"] if n is not None else []
         extra.append(f"fingerprint {m['fingerprint']}" if m.get("fingerprint") else "fingerprint not recorded")
         parts.append(f"{ds} ({', '.join(extra)})")
     else:
-        parts.append("dataset not recorded")
+        parts.append(m.get("no_dataset", "dataset not recorded"))
     if m.get("commit"):
         parts.append(f"commit {m['commit']}")
     elif m.get("shipped_in"):
@@ -395,7 +398,8 @@ def success(successes: int, episodes: int, demonstrated: tuple[int, int] | int |
         a, b = (demonstrated, demonstrated) if isinstance(demonstrated, int) else demonstrated
         count = str(a) if a == b else f"{a} to {b}"
         verb = "was" if a == b == 1 else "were"
-        text += f"; {count} of the {n} evaluated starts {verb} demonstrated"
+        starts = "start" if n == 1 else "starts"
+        text += f"; {count} of the {n} evaluated {starts} {verb} demonstrated"
         if a == b == 0:
             text += " (all held out)"
     return text

@@ -166,7 +166,7 @@ def results_summary_md() -> tuple[str, list[Path]]:
     if total:
         out += (
             f"\nThe main job's three stages took {total / 60:.0f} minutes of wall time in all on the machine "
-            "that ran them (a 2-core CPU for the reference run).\n"
+            "that ran them.\n"
         )
     return out, read
 
@@ -181,7 +181,7 @@ def facts_md() -> tuple[str, list[Path]]:
         label, url = facts.REFERENCES[key]
         f = facts.fact(name)
         rows.append(
-            f"| `{name}` | {facts.text(name)} {f['unit']} | {facts.source_text(name).replace('|', '/')} | "
-            f"[{label}]({url}) |"
+            f"| `{name}` | {facts.text(name)} {f['unit']} | [{label}]({url}) | "
+            f"{facts.source_text(name).replace('|', '/')} |"
         )
-    return "| fact | value | where it is stated | source |\n|---|---|---|---|\n" + "\n".join(rows) + "\n", []
+    return "| fact | value | source | where it says so |\n|---|---|---|---|\n" + "\n".join(rows) + "\n", []
