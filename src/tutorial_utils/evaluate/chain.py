@@ -23,6 +23,7 @@ from typing import Any
 
 from tutorial_utils import logs as L
 from tutorial_utils.evaluate.loop import RESULTS_FILE, SERVER_LOG, EvalConfig, StageFailed, eval_log_name
+from tutorial_utils.serve.config import ServeConfig, server_argv
 
 
 @dataclass
@@ -70,17 +71,15 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
     out_dir = _absolute(cfg.output_dir) if cfg.output_dir else rd
     out_dir.mkdir(parents=True, exist_ok=True)
     # the children run in the run directory: every path they get is absolute
-    checkpoint = os.fspath(_absolute(cfg.checkpoint)) if cfg.checkpoint else ""
-    port = int(cfg.port) or free_port()
+    checkpoint = os.fspath(_absolute(cfg.checkpoint)) if cfg.checkpoint else None
+    port = cfg.port or free_port()
     client_cfg = dataclasses.replace(
         cfg, checkpoint=checkpoint, port=port, host="127.0.0.1", output_dir=os.fspath(out_dir)
     )
     server_log, eval_log = rd / SERVER_LOG, rd / eval_log_name(cfg.suite)
     stages: dict[str, float] = {}
     py = sys.executable
-    srv_cmd = [py, "-m", "tutorial_utils", "serve", "--policy", cfg.policy, "--port", str(port)]
-    if checkpoint:
-        srv_cmd += ["--checkpoint", checkpoint]
+    srv_cmd = server_argv(ServeConfig(policy=cfg.policy, checkpoint=checkpoint, host="127.0.0.1", port=port), py)
     jobs.update_status(rd, stage="server", eval={"port": port, "policy": cfg.policy, "suite": cfg.suite})
     with open(server_log, "w", encoding="utf-8") as srv_fh:
         server = subprocess.Popen(srv_cmd, stdout=srv_fh, stderr=subprocess.STDOUT, env=_child_env(), cwd=os.fspath(rd))
