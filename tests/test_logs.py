@@ -277,3 +277,15 @@ def test_parse_losses_reads_upstream_metrics_with_the_stray_paren():
         "total_loss": 0.9,
         "learning_rate/backbone": 1e-05,
     }
+
+
+def test_train_signs_are_read_one_way_from_our_log_and_upstreams():
+    """The train job, the diagnosis of our log and of upstream's all take their signs from train_signs."""
+    lines = [
+        L.TRAIN_TOTAL_PARAMS.format(n=1000, m=0.001),
+        L.TRAIN_STEP_LOSS.format(run_id="r", step=1, losses="total_loss: 0.5"),
+        L.TRAIN_COMPLETE.format(path="/x/final_model"),
+    ]
+    for k in range(4):
+        signs = L.train_signs(L.parse_train_log("\n".join(lines[:k]) + "\n"))
+        assert list(signs) == list(L.TRAIN_SIGNS) and list(signs.values()) == [True] * k + [False] * (3 - k)

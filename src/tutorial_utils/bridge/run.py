@@ -30,6 +30,7 @@ from tutorial_utils.bridge.commands import (
     train_command,
 )
 from tutorial_utils.errors import TutorialError
+from tutorial_utils.io import tail_text
 from tutorial_utils.jobs import free_port  # noqa: F401  (re-exported: callers use it from here)
 
 READY = re.compile(r"server listening on")
@@ -149,13 +150,6 @@ class Server:
         self.stop()
 
 
-def _tail(path: str | os.PathLike, n: int = 12) -> str:
-    p = Path(path)
-    if not p.is_file():
-        return f"({p.name} was not written)"
-    return "\n".join(p.read_text(encoding="utf-8", errors="replace").splitlines()[-n:])
-
-
 def _verdict(run_dir: Path, step: str, rc: int | None, log: str, **fields: Any) -> Any:
     """Diagnose the run directory, record the success signs in status.json, raise on failure."""
     from tutorial_utils import jobs, logs
@@ -179,7 +173,7 @@ def _verdict(run_dir: Path, step: str, rc: int | None, log: str, **fields: Any) 
         raise StepFailed(
             step,
             f"{Path(log).name}: the process {why}; diagnosis: stage '{d.failed_stage or step}'{causes}\n"
-            f"--- {Path(log).name} (tail) ---\n{_tail(log)}",
+            f"--- {Path(log).name} (tail) ---\n{tail_text(log, 12)}",
             run_dir,
             d,
         )

@@ -47,9 +47,7 @@ class EvalConfig:
 
     policy: str = like(ServeConfig, "policy")
     checkpoint: str | None = like(ServeConfig, "checkpoint")
-    suite: str = param(
-        "libero_spatial", "LIBERO suite: libero_spatial, libero_object, libero_goal, libero_10, libero_90"
-    )
+    suite: str = param("libero_spatial", "LIBERO suite (tutorial_utils.sim.libero_env.SUITES: libero_spatial, ...)")
     task_ids: str = param(
         "0", "tasks to run: all, 0-4, 0,3 (one parser: tutorial_utils.params.parse_task_ids)", cpu="all"
     )
@@ -87,6 +85,10 @@ class EvalConfig:
         from tutorial_utils.params import parse_task_ids
 
         parse_task_ids(self.task_ids)
+        from tutorial_utils.sim.libero_env import SUITES
+
+        if self.suite not in SUITES:
+            raise ConfigError(f"suite={self.suite!r}: use one of {', '.join(SUITES)}")
         if self.protocol not in ("openpi", "dit4dit"):
             raise ConfigError(f"protocol={self.protocol!r}: use openpi or dit4dit")
         if self.render_profile not in ("fast", "reference"):

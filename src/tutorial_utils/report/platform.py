@@ -29,6 +29,7 @@ from typing import Any
 
 from tutorial_utils import paths
 from tutorial_utils.errors import TutorialError
+from tutorial_utils.io import tail_text
 
 
 class BackgroundError(TutorialError, RuntimeError):
@@ -36,10 +37,7 @@ class BackgroundError(TutorialError, RuntimeError):
 
 
 def _log_tail(log: Path | None, n: int = 15) -> str:
-    if log is None or not Path(log).is_file():
-        return "(no log)"
-    lines = Path(log).read_text(encoding="utf-8", errors="replace").splitlines()
-    return "\n".join(lines[-n:]) or "(empty log)"
+    return tail_text(log, n) if log is not None else "(no log)"
 
 
 def cli_command(args: list[str]) -> list[str]:
