@@ -20,6 +20,24 @@ TINY_MINI = dict(
 )
 
 
+#: the tiny MLP the tests train (the ``mlp`` family's parameters: 16-pixel images, 16 hidden units)
+TINY_MLP = {"image_size": 16, "pool": 2, "hidden_dim": 16, "task_buckets": 8}
+#: a short CPU training of it (TrainConfig parameters; a test adds ``steps``, ``output_dir``...)
+TINY_MLP_RUN = {
+    "policy": "mlp",
+    **TINY_MLP,
+    "batch_size": 4,
+    "log_freq": 1,
+    "eval_freq": 4,
+    "save_freq": 4,
+    "num_workers": 0,
+    "progress": False,
+    "scheduler_warmup_steps": 0,
+    "val_fraction": 0.2,
+    "val_samples": 8,
+}
+
+
 def accelerate_two_processes(script, *args: str) -> tuple[list[str], dict]:
     """``accelerate launch`` of ``script`` on 2 CPU processes (DDP over gloo) on a free port, and
     the environment to run it with (one thread per process)."""

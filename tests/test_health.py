@@ -395,22 +395,9 @@ def test_a_real_tiny_run_is_healthy(tmp_path):
     from tutorial_utils.train.loop import train
 
     torch.set_num_threads(1)
-    base = {
-        "policy": "mlp",
-        "image_size": 16,
-        "pool": 2,
-        "hidden_dim": 16,
-        "task_buckets": 8,
-        "batch_size": 4,
-        "steps": 8,
-        "log_freq": 1,
-        "eval_freq": 4,
-        "save_freq": 4,
-        "num_workers": 0,
-        "progress": False,
-        "scheduler_warmup_steps": 0,
-        "val_samples": 8,
-    }
+    from helpers import TINY_MLP_RUN
+
+    base = {**TINY_MLP_RUN, "steps": 8}
     source = synthetic_source(n_episodes=5, length=12, image_size=16)
     train(TrainConfig.from_overrides({**base, "output_dir": str(tmp_path / "real")}), source=source)
     diag = health.diagnose(tmp_path / "real", free_bytes=10**12)

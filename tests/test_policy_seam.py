@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import TINY_MLP
 from tutorial_utils import params, policies
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.policies.base import BATCH_ACTION, BATCH_ACTION_IS_PAD, BATCH_KEYS, PolicyUnavailable
@@ -56,7 +57,6 @@ class ConstantPolicy(nn.Module, TrainablePolicy):
         return self.chunk.detach().expand(n, -1, -1).numpy().astype(np.float32)
 
 
-TINY_MLP = {"image_size": 16, "pool": 2, "hidden_dim": 16, "task_buckets": 8}
 RUN = {
     "batch_size": 4,
     "log_freq": 5,

@@ -173,30 +173,14 @@ def tampered_copy(bundle: str | os.PathLike, dest: str | os.PathLike, file: str 
 def openpi_observation(batch: Mapping[str, Any], i: int = 0) -> dict[str, Any]:
     """Item ``i`` of a batch in LeRobot key names (``observation.images.image``...) as an openpi
     LIBERO request (``observation/image``, ``observation/wrist_image``, ``observation/state``,
-    ``prompt``), what :class:`tutorial_utils.serve.client.PolicyClient` sends."""
-    import numpy as np
+    ``prompt``), what :class:`tutorial_utils.serve.client.PolicyClient` sends
+    (:func:`tutorial_utils.policies.base.batch_to_observation`)."""
+    from tutorial_utils.policies.base import ObservationError, batch_to_observation
 
-    from tutorial_utils.policies.base import (
-        BATCH_IMAGE,
-        BATCH_STATE,
-        BATCH_TASK,
-        BATCH_WRIST,
-        IMAGE_KEY,
-        PROMPT_KEY,
-        STATE_KEY,
-        WRIST_KEY,
-    )
-
-    missing = [k for k in (BATCH_IMAGE, BATCH_WRIST, BATCH_STATE, BATCH_TASK) if k not in batch]
-    if missing:
-        raise BackgroundError(f"the batch has no {', '.join(missing)}; pass a batch in LeRobot key names.")
-    task = batch[BATCH_TASK]
-    return {
-        IMAGE_KEY: np.ascontiguousarray(np.asarray(batch[BATCH_IMAGE][i], dtype=np.uint8)),
-        WRIST_KEY: np.ascontiguousarray(np.asarray(batch[BATCH_WRIST][i], dtype=np.uint8)),
-        STATE_KEY: np.asarray(batch[BATCH_STATE][i], dtype=np.float32),
-        PROMPT_KEY: str(task[i] if isinstance(task, (list, tuple)) else task),
-    }
+    try:
+        return batch_to_observation(batch, i)
+    except ObservationError as exc:
+        raise BackgroundError(str(exc)) from None
 
 
 @contextlib.contextmanager
