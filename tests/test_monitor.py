@@ -341,7 +341,7 @@ def test_static_panel_of_a_run_without_rows(tmp_path):
 def test_the_monitor_shows_the_run_diagnosis_and_records_it_in_status(finished_run, no_drawing, tmp_path):
     import json
 
-    from test_health import decaying, make_run
+    from helpers import decaying, make_run
 
     run = _copy(finished_run, tmp_path / "run")
     mon = M.monitor(run, interval=0.05)

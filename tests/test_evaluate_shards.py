@@ -242,7 +242,7 @@ WORKER_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from tutorial_utils.sim import libero_env
-from test_eval_shards import FakeEnv
+from test_evaluate_shards import FakeEnv
 libero_env.make_env = lambda suite, task_id, **kw: FakeEnv(task_id)
 from tutorial_utils.evaluate.parallel import worker_main
 raise SystemExit(worker_main(["worker", sys.argv[1]]))
