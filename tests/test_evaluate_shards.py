@@ -256,6 +256,7 @@ def fake_workers(tmp_path, monkeypatch):
     monkeypatch.setattr(parallel, "worker_command", lambda f: [sys.executable, str(script), str(f)])
 
 
+@pytest.mark.slow
 def test_two_workers_report_as_one_process(tmp_path, fake_env, fake_workers, server, capsys):
     one, one_log = _run(_cfg(server.port, tmp_path / "one"), capsys)
     res = parallel.evaluate(_cfg(server.port, tmp_path / "two", workers=2), poll_s=0.1)

@@ -78,6 +78,7 @@ def test_a_new_config_field_reaches_the_cell(monkeypatch):
         params.parameters_cell(RecordConfig, RecordConfig)
 
 
+@pytest.mark.slow
 def test_the_documented_command_checks_the_notebooks():
     """The command CONTRIBUTING.md gives, as a contributor runs it."""
     text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")

@@ -86,6 +86,7 @@ def test_failing_cell_raises_and_keeps_the_executed_notebook(tmp_path, runs_dir)
     assert status["state"] == "failed" and status["error"]["ename"] == "ValueError"
 
 
+@pytest.mark.slow
 def test_cli_runs_a_job_and_reports_errors(job_nb, tmp_path):
     env_runs = tmp_path / "cli-runs"
     env = {

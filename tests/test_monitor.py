@@ -279,6 +279,7 @@ def test_buttons_write_the_control_file(finished_run, no_drawing, tmp_path):
         mon.close()
 
 
+@pytest.mark.slow
 def test_the_figure_is_drawn_by_a_helper_process_when_this_process_trains(finished_run, tmp_path):
     """Drawing holds the interpreter lock for hundreds of ms: when the panel's process is the
     training one (the heartbeat's pid is ours), a helper process draws and this thread waits."""

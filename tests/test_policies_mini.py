@@ -222,6 +222,7 @@ def test_serving_adapter(tmp_path):
     assert md["gripper"] == "robosuite"  # the checkpoint's dataset convention
 
 
+@pytest.mark.slow
 def test_read_only_request_arrays_are_served_without_a_torch_warning(tmp_path):
     """msgpack-decoded arrays are read-only; the server log once carried torch's 'not writable'
     warning. Torch warns once per process, so the check runs in a fresh one."""

@@ -242,6 +242,7 @@ def test_a_family_chooses_its_optimizer(tmp_path, registry):
     assert policies.load(tmp_path / "r" / "checkpoints" / "last").chunk.abs().sum() > 0  # SGD moved the weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mlp", "act"])
 def test_the_train_job_runs_every_family_in_the_ci_profile(family, runs_dir, monkeypatch):
     """The job's ci defaults once froze `backbone`, which only mini has: family-specific defaults

@@ -128,6 +128,7 @@ def test_bad_parameters_fail_before_any_work(tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_resume_after_kill(tmp_path):
     """SIGKILL a recording between episodes, rerun: every item once, nothing half-written."""
     root = tmp_path / "ds"

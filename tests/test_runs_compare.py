@@ -72,6 +72,7 @@ def _highlighted(html: str) -> set[tuple[int, int]]:
     return cells
 
 
+@pytest.mark.slow
 def test_styled_table_highlights_the_best_and_the_figure(three, tmp_path):
     cmp = C.compare(list(three))
     cols = list(cmp.table.columns)
