@@ -47,7 +47,7 @@ class EvalConfig:
 
     policy: str = like(ServeConfig, "policy")
     checkpoint: str | None = like(ServeConfig, "checkpoint")
-    suite: str = param("libero_spatial", "LIBERO suite (tutorial_utils.sim.libero_env.SUITES: libero_spatial, ...)")
+    suite: str = param("libero_spatial", "LIBERO suite (one of tutorial_utils.sim.libero_env.SUITES)")
     task_ids: str = param(
         "0", "tasks to run: all, 0-4, 0,3 (one parser: tutorial_utils.params.parse_task_ids)", cpu="all"
     )
