@@ -190,11 +190,13 @@ def serving(
     """``python -m tutorial_utils serve --policy POLICY --checkpoint CHECKPOINT`` (a checkpoint
     or an exported bundle) on 127.0.0.1 in the background; yields ``(port, process)`` once
     ``/healthz`` answers, and stops the server (SIGTERM) when the block ends."""
+    from tutorial_utils.params import to_argv
     from tutorial_utils.serve.client import wait_for_health
+    from tutorial_utils.serve.config import ServeConfig
     from tutorial_utils.serve.server import free_port
 
     port = port or free_port()
-    args = ["serve", "--policy", policy, "--checkpoint", os.fspath(checkpoint), "--port", port]
+    args = ["serve", *to_argv(ServeConfig(policy=policy, checkpoint=os.fspath(checkpoint), port=port))]
     proc = start_cli(args, log)
     try:
         try:
