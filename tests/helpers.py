@@ -326,3 +326,41 @@ TRAIN_OK = (
     )
     + "\n"
 )
+
+
+# --- a recording without LIBERO (sim.record with a stand-in for the expert) -------------------------
+
+RECORD_SIZE = 32
+
+
+def fake_record_item(cfg, item):
+    """A stand-in for the expert: a short random episode per (task, init) item."""
+    import numpy as np
+
+    task_id, init = item
+    rng = np.random.default_rng(task_id * 100 + init)
+    t = 5 + init
+    frames = {
+        "observation.state": rng.normal(size=(t, 8)).astype(np.float32),
+        "action": rng.uniform(-1, 1, size=(t, 7)).astype(np.float32),
+        "observation.images.image": rng.integers(0, 255, size=(t, RECORD_SIZE, RECORD_SIZE, 3), dtype=np.uint8),
+        "observation.images.wrist_image": rng.integers(0, 255, size=(t, RECORD_SIZE, RECORD_SIZE, 3), dtype=np.uint8),
+    }
+    return {
+        "task_id": task_id,
+        "init_state": init,
+        "task": f"task {task_id}",
+        "success": init != 99,
+        "frames": frames,
+        "length": t,
+        "noops_dropped": 0,
+    }
+
+
+def record_config(**kw):
+    """A two-task, two-episode RecordConfig at RECORD_SIZE (keywords override)."""
+    from tutorial_utils.sim import record as rec
+
+    base = dict(suite="libero_spatial", task_ids=(0, 1), episodes_per_task=2, image_size=RECORD_SIZE)
+    base.update(kw)
+    return rec.RecordConfig(**base)
