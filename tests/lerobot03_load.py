@@ -1,6 +1,6 @@
 """Load a LeRobot v2.1 dataset with LeRobot 0.3.3's own loader and print what it saw as JSON.
 
-Run by tests/test_lerobot_compat.py in a subprocess with ``PYTHONPATH=.lerobot03`` (LeRobot 0.3.3
+Run by tests/test_data_lerobot_compat.py in a subprocess with ``PYTHONPATH=.lerobot03`` (LeRobot 0.3.3
 and its dataset dependencies, installed by ``make setup``)::
 
     PYTHONPATH=.lerobot03 .venv/bin/python tests/lerobot03_load.py DATASET_ROOT
@@ -11,7 +11,7 @@ with the features built from info.json, checks that all episode files exist, and
 the timestamps advance by 1/fps inside each episode. What it cannot do here: decode the videos.
 LeRobot 0.3.3 decodes with torchvision, and PyPI's torchvision does not import beside this
 project's torch 2.13 CPU build, so a bare module stands in for ``import torchvision`` and no
-frame is decoded (tests/test_lerobot.py checks the video timestamps against LeRobot's rule).
+frame is decoded (tests/test_data_format.py checks the video timestamps against LeRobot's rule).
 """
 
 from __future__ import annotations

@@ -33,6 +33,49 @@ def _last_json(script: str, *argv: str) -> dict:
 
 
 @pytest.mark.slow
+def test_bench_dataset_quick_reports_statistics_and_sampling_against_their_references(tmp_path):
+    out = _last_json("bench_dataset.py", "--root", str(tmp_path / "bench_dataset"))
+    assert out["mode"] == "quick" and out["episodes"] == 24 and out["frames"] == 2400
+    for key in ("stats_cold_s", "stats_reference_pandas_s", "sample_grouped_128_per_s", "sample_naive_128_per_s"):
+        assert out[key] > 0, key
+    # ratios against references measured in the same run
+    assert out["stats_speedup_cold_vs_reference"] > 0 and out["sample_speedup_128_vs_naive"] > 0
+    assert isinstance(out["targets_met"], dict)
+
+
+@pytest.mark.slow
+@pytest.mark.libero
+def test_bench_render_quick_compares_the_render_profiles():
+    out = _last_json("bench_render.py", "--steps", "3")
+    assert set(out) == {"headless_steps_per_s", "reference_steps_per_s", "fast_steps_per_s", "fast_vs_reference"}
+    assert all(v > 0 for v in out.values())
+    assert out["fast_vs_reference"] == pytest.approx(out["fast_steps_per_s"] / out["reference_steps_per_s"], rel=0.05)
+
+
+@pytest.mark.slow
+def test_bench_zoo_quick_times_a_family_against_mini():
+    pytest.importorskip("lerobot", reason="the LeRobot families need lerobot")
+    out = _last_json("bench_zoo.py", "--families", "act", "--steps", "1", "--batch-size", "2")
+    assert out["benchmark"] == "zoo" and out["reference"] == "mini" and out["timed_steps"] == 1
+    assert set(out["families"]) == {"mini", "act"}
+    for fam, row in out["families"].items():
+        assert row["s_per_step"] > 0 and row["params_m"] > 0 and row["round_trip_ms_p50"] > 0, fam
+    assert out["families"]["mini"]["step_ratio_vs_mini"] == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.libero
+def test_bench_eval_workers_quick_runs_one_and_two_workers_on_the_same_episodes():
+    out = _last_json("bench_eval_workers.py", "--tasks", "0", "--trials", "1", "--max-steps", "3")
+    assert out["bench"] == "eval_workers" and out["episodes"] == 1 and out["max_steps"] == 3
+    assert out["workers1_episodes_per_hour"] > 0 and out["workers2_episodes_per_hour"] > 0
+    assert out["same_log_lines"] is True  # the two runs evaluated the same episodes
+    assert out["ratio_2_vs_1"] == pytest.approx(
+        out["workers2_episodes_per_hour"] / out["workers1_episodes_per_hour"], rel=0.01
+    )
+
+
+@pytest.mark.slow
 def test_bench_control_quick_stops_both_ways_with_a_loadable_checkpoint():
     out = _last_json("bench_control.py", "--repeats", "1", "--warm-rows", "2")
     for key in (

@@ -26,6 +26,7 @@ def _throwaway_book(root: Path, failing: bool) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failing", [True, False], ids=["failing", "passing"])
 def test_book_build_fails_on_a_failing_cell(tmp_path, failing):
     root = _throwaway_book(tmp_path, failing)
@@ -50,6 +51,7 @@ def test_nbmake_fails_on_a_failing_cell(tmp_path):
     assert "deliberate failure" in out.stdout
 
 
+@pytest.mark.slow
 def test_twins_beside_the_sources_do_not_break_the_build(tmp_path):
     root = _throwaway_book(tmp_path, failing=False)
     book.write_twins(root=root)

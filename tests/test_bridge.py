@@ -322,6 +322,7 @@ def test_py38_patch_is_a_valid_diff_and_not_applied(world, tmp_path):
 # --- serving ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_serving_config_fixup_makes_the_fake_server_start(world, monkeypatch):
     w, cfg = world
     monkeypatch.setenv("KEEP_FINAL_MODEL", "1")

@@ -582,7 +582,7 @@ def test_normalise_reads_a_rich_traceback_box():
 
 
 def test_normalise_leaves_our_own_logs_alone():
-    from test_logs import SERVER_OK, TRAIN_OK, eval_log
+    from helpers import SERVER_OK, TRAIN_OK, eval_log
 
     for text in (SERVER_OK, TRAIN_OK, eval_log(egl=True)):
         assert L.normalise(text) == text

@@ -567,3 +567,16 @@ def test_relative_paths_resolve_for_the_child_processes(tmp_path, monkeypatch):
     assert _absolute("ck") == tmp_path / "ck"  # exists here
     assert _absolute("runs/x/checkpoints/last") == paths.REPO / "runs/x/checkpoints/last"  # else the repo
     assert _absolute("/abs/path") == Path("/abs/path")
+
+
+def test_one_libero_suite_list():
+    """LIBERO's suites are sim.libero_env.SUITES (with their step limits); the Hub's published
+    datasets are a subset of them; the evaluation refuses any other name."""
+    from tutorial_utils.hub import assets
+    from tutorial_utils.sim import libero_env
+
+    assert libero_env.SUITES == tuple(libero_env.MAX_STEPS) and set(assets.SUITES) < set(libero_env.SUITES)
+    from tutorial_utils.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="suite='libero_100': use one of libero_spatial"):
+        EvalConfig(suite="libero_100").check()

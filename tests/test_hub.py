@@ -456,6 +456,7 @@ def test_download_job_notebook_runs_offline_under_the_ci_profile(runs_dir):
     assert "local stand-in" in (res.run_dir / "job.log").read_text()
 
 
+@pytest.mark.slow
 def test_progress_bar_on_request_and_none_by_default_when_not_a_tty(fake_hub, tmp_path, capfd):
     hub.download("checkpoint", tmp_path / "a", endpoint=fake_hub.url, progress=True, verify_after=False)
     assert "100%" in capfd.readouterr().err  # huggingface_hub's tqdm bars, on stderr

@@ -78,6 +78,7 @@ def test_a_new_config_field_reaches_the_cell(monkeypatch):
         params.parameters_cell(RecordConfig, RecordConfig)
 
 
+@pytest.mark.slow
 def test_the_documented_command_checks_the_notebooks():
     """The command CONTRIBUTING.md gives, as a contributor runs it."""
     text = (REPO / "CONTRIBUTING.md").read_text(encoding="utf-8")
@@ -116,3 +117,16 @@ def test_the_facts_the_code_cites_are_in_the_repository():
             for n in filter(None, m.groups()):
                 cited.setdefault(int(n), []).append(path.name)
     assert cited and set(cited) <= sections, {n: cited[n] for n in set(cited) - sections}
+
+
+def test_one_backend_switch_for_the_train_and_evaluate_jobs(tmp_path):
+    from tutorial_utils.bridge.commands import BACKEND_KEYS, split_backend
+    from tutorial_utils.errors import ConfigError
+    from tutorial_utils.evaluate import chain
+    from tutorial_utils.train import job as train_job
+
+    given = {"backend": None, "steps": 3, BACKEND_KEYS[0]: "/x"}
+    assert split_backend(given) == ("mini", {BACKEND_KEYS[0]: "/x"}) and given == {"steps": 3}
+    for run_job in (train_job.run_job, chain.run_job):
+        with pytest.raises(ConfigError, match="backend='gpu': use mini or dit4dit"):
+            run_job(tmp_path / "run", backend="gpu")

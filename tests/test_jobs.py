@@ -86,6 +86,7 @@ def test_failing_cell_raises_and_keeps_the_executed_notebook(tmp_path, runs_dir)
     assert status["state"] == "failed" and status["error"]["ename"] == "ValueError"
 
 
+@pytest.mark.slow
 def test_cli_runs_a_job_and_reports_errors(job_nb, tmp_path):
     env_runs = tmp_path / "cli-runs"
     env = {
@@ -154,3 +155,27 @@ def test_a_family_parameter_of_another_family_names_its_owner(runs_dir):
     with pytest.raises(jobs.JobError, match="nosuch"):  # an unknown family
         jobs.run_notebook("notebooks/jobs/train.md", {"policy": "nosuch", "hidden_dim": 4})
     assert not runs_dir.exists() or not list(runs_dir.iterdir())  # refused before a run directory was made
+
+
+def test_heartbeat_beats_until_stopped_and_survives_a_full_disk():
+    """The one heartbeat thread (the job runner's and the trainer's): an OSError in a beat is
+    retried at the next one, stop() ends the thread."""
+    import time as _time
+
+    from tutorial_utils.jobs import Heartbeat
+
+    calls = []
+
+    def beat():
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+
+    with Heartbeat(beat, interval=0.01, name="test-heartbeat") as hb:
+        deadline = _time.monotonic() + 10
+        while len(calls) < 3 and _time.monotonic() < deadline:
+            _time.sleep(0.01)
+    assert len(calls) >= 3 and not hb._thread.is_alive()
+    n = len(calls)
+    _time.sleep(0.05)
+    assert len(calls) == n  # stopped

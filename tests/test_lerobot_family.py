@@ -243,7 +243,10 @@ def test_statistics_are_converted_to_lerobots_layout_or_refused(source):
 
     stats = lerobot_stats(source.statistics, {"STATE": "MEAN_STD", "ACTION": "MIN_MAX"}, ("observation.images.image",))
     assert set(stats) == {"observation.state", "action", "observation.images.image"}
-    s = stats["observation.state"]  # the synthetic source has only min/max: midpoint and half-range
+    np.testing.assert_allclose(stats["observation.state"]["mean"], source.statistics["franka"]["state"]["mean"])
+    minmax_only = json.loads(json.dumps(source.statistics))
+    minmax_only["franka"]["state"] = {k: minmax_only["franka"]["state"][k] for k in ("min", "max")}
+    s = lerobot_stats(minmax_only, {"STATE": "MEAN_STD"}, ())["observation.state"]  # midpoint and half-range
     np.testing.assert_allclose(s["mean"], (s["min"] + s["max"]) / 2)
     assert stats["observation.images.image"]["mean"].shape == (3, 1, 1)
     no_state = {"franka": {"action": source.statistics["franka"]["action"]}}

@@ -8,72 +8,8 @@ import sys
 
 import pytest
 
+from helpers import SERVER_NO_CONNECTION, SERVER_OK, TRAIN_OK, eval_log
 from tutorial_utils import logs as L
-
-SERVER_OK = f"""\
-2026-01-01 10:00:00,000 INFO tutorial_utils.serve: {L.SERVER_RUNNING.format(host="127.0.0.1", port=8000)}
-2026-01-01 10:00:00,001 INFO websockets.server: {L.SERVER_LISTENING.format(host="127.0.0.1", port=8000)}
-2026-01-01 10:00:01,000 INFO websockets.server: {L.SERVER_CONNECTION_OPEN}
-2026-01-01 10:00:01,000 INFO tutorial_utils.serve: {L.SERVER_CONNECTION_FROM.format(addr=("127.0.0.1", 5555))}
-2026-01-01 10:05:00,000 INFO tutorial_utils.serve: {L.SERVER_CONNECTION_CLOSED.format(addr=("127.0.0.1", 5555))}
-"""
-
-SERVER_NO_CONNECTION = "\n".join(SERVER_OK.splitlines()[:2]) + "\n"
-
-
-def eval_log(
-    tasks=(("pick up the bowl", [True]), ("put the bowl on the plate", [True, False])),
-    finish=True,
-    prefix="",
-    egl=False,
-):
-    lines, total, ok = [], 0, 0
-    for task, results in tasks:
-        lines.append(L.EVAL_TASK.format(task=task))
-        t_ok = 0
-        for r in results:
-            total += 1
-            ok += r
-            t_ok += r
-            lines += [
-                L.EVAL_STARTING_EPISODE.format(n=total),
-                L.EVAL_SUCCESS.format(success=r),
-                L.EVAL_EPISODES_SO_FAR.format(n=total),
-                L.EVAL_SUCCESSES.format(n=ok, pct=ok / total * 100),
-            ]
-        lines += [L.EVAL_TASK_RATE.format(rate=t_ok / len(results)), L.EVAL_TOTAL_RATE_SO_FAR.format(rate=ok / total)]
-    if finish:
-        lines += [L.EVAL_TOTAL_RATE.format(rate=ok / total), L.EVAL_TOTAL_EPISODES.format(n=total)]
-    text = "\n".join(prefix + ln for ln in lines) + "\n"
-    if egl:
-        text += (
-            "Exception ignored in: <function MjRenderContext.__del__ at 0x7f>\nTraceback (most recent call last):\n"
-            '  File "binding_utils.py", line 199, in __del__\nOpenGL.raw.EGL._errors.EGLError: EGLError(err = EGL_NOT_INITIALIZED)\n'
-        )
-    return text
-
-
-TRAIN_OK = (
-    "\n".join(
-        [
-            L.TRAIN_TOTAL_PARAMS.format(n=2_345_678, m=2.345678),
-            L.TRAIN_TRAINABLE_PARAMS.format(n=345_678, m=0.345678),
-            L.TRAIN_FROZEN_PARAMS.format(n=2_000_000, m=2.0),
-            L.TRAIN_RATIO.format(pct=14.74),
-            L.TRAIN_TOTAL_STEPS.format(n=2),
-            L.TRAIN_DATALOADER_LEN.format(n=52970),
-            L.TRAIN_STEP_LOSS.format(
-                run_id="smoke", step=1, losses={"action_dit_loss": 1.25, "future_video_loss": 0.5, "total_loss": 1.75}
-            ),
-            "INFO | "
-            + L.TRAIN_STEP_LOSS.format(
-                run_id="smoke", step=2, losses="{'action_dit_loss': nan, 'total_loss': tensor(0.9)}"
-            ),
-            L.TRAIN_COMPLETE.format(path="runs/x/final_model"),
-        ]
-    )
-    + "\n"
-)
 
 
 def _run(tmp_path, **files):
@@ -277,3 +213,15 @@ def test_parse_losses_reads_upstream_metrics_with_the_stray_paren():
         "total_loss": 0.9,
         "learning_rate/backbone": 1e-05,
     }
+
+
+def test_train_signs_are_read_one_way_from_our_log_and_upstreams():
+    """The train job, the diagnosis of our log and of upstream's all take their signs from train_signs."""
+    lines = [
+        L.TRAIN_TOTAL_PARAMS.format(n=1000, m=0.001),
+        L.TRAIN_STEP_LOSS.format(run_id="r", step=1, losses="total_loss: 0.5"),
+        L.TRAIN_COMPLETE.format(path="/x/final_model"),
+    ]
+    for k in range(4):
+        signs = L.train_signs(L.parse_train_log("\n".join(lines[:k]) + "\n"))
+        assert list(signs) == list(L.TRAIN_SIGNS) and list(signs.values()) == [True] * k + [False] * (3 - k)

@@ -288,6 +288,7 @@ def test_buttons_write_the_control_file(finished_run, no_drawing, tmp_path):
         mon.close()
 
 
+@pytest.mark.slow
 def test_the_figure_is_drawn_by_a_helper_process_when_this_process_trains(finished_run, tmp_path):
     """Drawing holds the interpreter lock for hundreds of ms: when the panel's process is the
     training one (the heartbeat's pid is ours), a helper process draws and this thread waits."""
@@ -350,7 +351,7 @@ def test_static_panel_of_a_run_without_rows(tmp_path):
 def test_the_monitor_shows_the_run_diagnosis_and_records_it_in_status(finished_run, no_drawing, tmp_path):
     import json
 
-    from test_health import decaying, make_run
+    from helpers import decaying, make_run
 
     run = _copy(finished_run, tmp_path / "run")
     mon = M.monitor(run, interval=0.05)

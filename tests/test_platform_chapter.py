@@ -104,3 +104,27 @@ def test_openpi_observation_from_a_lerobot_batch():
     assert obs[STATE_KEY].dtype == np.float32 and isinstance(obs[PROMPT_KEY], str)
     with pytest.raises(pf.BackgroundError, match="observation.state"):
         pf.openpi_observation({k: v for k, v in batch.items() if k != "observation.state"})
+
+
+def test_serving_starts_the_server_with_serve_configs_options(tmp_path, monkeypatch):
+    from tutorial_utils import params
+    from tutorial_utils.serve.config import ServeConfig
+
+    seen = []
+
+    class Dead:
+        def poll(self):
+            return 1
+
+    def fake_start(args, log):
+        seen.append(args)
+        return Dead()
+
+    monkeypatch.setattr(pf, "start_cli", fake_start)
+    with pytest.raises(pf.BackgroundError, match="server.log"):
+        with pf.serving(tmp_path / "bundle", "mlp", tmp_path / "server.log", port=8123, timeout=5):
+            pass
+    (args,) = seen
+    assert args[0] == "serve"
+    got = params.parse_cli(ServeConfig, args[1:], "serve", "test")
+    assert got == ServeConfig(policy="mlp", checkpoint=str(tmp_path / "bundle"), port=8123)

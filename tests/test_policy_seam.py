@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers import TINY_MLP
 from tutorial_utils import params, policies
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.policies.base import BATCH_ACTION, BATCH_ACTION_IS_PAD, BATCH_KEYS, PolicyUnavailable
@@ -56,7 +57,6 @@ class ConstantPolicy(nn.Module, TrainablePolicy):
         return self.chunk.detach().expand(n, -1, -1).numpy().astype(np.float32)
 
 
-TINY_MLP = {"image_size": 16, "pool": 2, "hidden_dim": 16, "task_buckets": 8}
 RUN = {
     "batch_size": 4,
     "log_freq": 5,
@@ -242,6 +242,7 @@ def test_a_family_chooses_its_optimizer(tmp_path, registry):
     assert policies.load(tmp_path / "r" / "checkpoints" / "last").chunk.abs().sum() > 0  # SGD moved the weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["mlp", "act"])
 def test_the_train_job_runs_every_family_in_the_ci_profile(family, runs_dir, monkeypatch):
     """The job's ci defaults once froze `backbone`, which only mini has: family-specific defaults

@@ -71,3 +71,13 @@ def test_import_is_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_tail_text_is_the_one_log_tail_for_error_messages(tmp_path):
+    log = tmp_path / "server.log"
+    assert io.tail_text(log) == "(server.log was not written)"
+    log.write_text("")
+    assert io.tail_text(log) == "(server.log is empty)"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert io.tail_text(log, 2) == "line 98\nline 99"
+    assert io.tail_lines(log, 3, max_bytes=20) == ["line 97", "line 98", "line 99"]

@@ -13,38 +13,11 @@ import time
 import numpy as np
 import pytest
 
+from helpers import RECORD_SIZE as SIZE
+from helpers import fake_record_item as fake_item
+from helpers import record_config as cfg
 from tutorial_utils.report import promote as P
 from tutorial_utils.sim import record as rec
-
-SIZE = 32
-
-
-def fake_item(cfg, item):
-    """A stand-in for the expert: a short random episode per (task, init) item."""
-    task_id, init = item
-    rng = np.random.default_rng(task_id * 100 + init)
-    t = 5 + init
-    frames = {
-        "observation.state": rng.normal(size=(t, 8)).astype(np.float32),
-        "action": rng.uniform(-1, 1, size=(t, 7)).astype(np.float32),
-        "observation.images.image": rng.integers(0, 255, size=(t, SIZE, SIZE, 3), dtype=np.uint8),
-        "observation.images.wrist_image": rng.integers(0, 255, size=(t, SIZE, SIZE, 3), dtype=np.uint8),
-    }
-    return {
-        "task_id": task_id,
-        "init_state": init,
-        "task": f"task {task_id}",
-        "success": init != 99,
-        "frames": frames,
-        "length": t,
-        "noops_dropped": 0,
-    }
-
-
-def cfg(**kw):
-    base = dict(suite="libero_spatial", task_ids=(0, 1), episodes_per_task=2, image_size=SIZE)
-    base.update(kw)
-    return rec.RecordConfig(**base)
 
 
 def episodes(root):
@@ -128,13 +101,14 @@ def test_bad_parameters_fail_before_any_work(tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_resume_after_kill(tmp_path):
     """SIGKILL a recording between episodes, rerun: every item once, nothing half-written."""
     root = tmp_path / "ds"
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_record import fake_item, cfg
+        from helpers import fake_record_item as fake_item, record_config as cfg
         from tutorial_utils.sim import record as rec
         def slow(c, it):
             time.sleep(0.4)

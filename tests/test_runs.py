@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import TINY_MLP_RUN
 from tutorial_utils import jobs, policies
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.runs import checkpoints as rck
@@ -31,22 +32,7 @@ from tutorial_utils.train.loop import train
 
 torch.set_num_threads(1)
 
-TINY_MLP = {"image_size": 16, "pool": 2, "hidden_dim": 16, "task_buckets": 8}
-BASE = {
-    **TINY_MLP,
-    "policy": "mlp",
-    "batch_size": 4,
-    "log_freq": 1,
-    "eval_freq": 4,
-    "save_freq": 4,
-    "num_workers": 0,
-    "progress": False,
-    "scheduler_warmup_steps": 0,
-    "val_fraction": 0.2,
-    "val_samples": 8,
-    "augment_shift": 0,
-    "optimizer_lr": 3e-3,
-}
+BASE = {**TINY_MLP_RUN, "augment_shift": 0, "optimizer_lr": 3e-3}
 
 
 @pytest.fixture(scope="module")

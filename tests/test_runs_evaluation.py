@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import TINY_MLP_RUN
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.runs import checkpoints as rck
 from tutorial_utils.runs import evaluation
@@ -17,23 +18,7 @@ from tutorial_utils.train.loop import train
 
 torch.set_num_threads(1)
 
-TINY = {
-    "policy": "mlp",
-    "image_size": 16,
-    "pool": 2,
-    "hidden_dim": 16,
-    "task_buckets": 8,
-    "batch_size": 4,
-    "steps": 8,
-    "log_freq": 2,
-    "eval_freq": 4,
-    "save_freq": 4,
-    "num_workers": 0,
-    "progress": False,
-    "scheduler_warmup_steps": 0,
-    "val_fraction": 0.2,
-    "val_samples": 8,
-}
+TINY = {**TINY_MLP_RUN, "steps": 8, "log_freq": 2}
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ def test_redact_masks_env_values_and_token_shapes(monkeypatch):
     assert secrets.presence()["HF_TOKEN"] == "set"
 
 
+@pytest.mark.slow
 def test_doctor_never_prints_the_token(monkeypatch):
     env = {
         "HF_TOKEN": FAKE,

@@ -18,6 +18,7 @@ from tutorial_utils.policies import smolvla
 from tutorial_utils.policies.base import PolicyUnavailable
 
 
+@pytest.mark.slow
 def test_smoke_trains_reloads_and_serves_lerobots_smolvla_on_a_standin(tmp_path):
     run = tmp_path / "run"
     out = subprocess.run(

@@ -241,3 +241,24 @@ def test_cli_stats(root, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["cached"] is False and out["num_trajectories"] == 3
     assert (tmp_path / "run/dataset_statistics.json").is_file()
+
+
+def test_in_memory_statistics_have_a_datasets_layout():
+    """The synthetic source and chapter 2's one-episode statistics are computed like a recorded
+    dataset's dataset_statistics.json (data.stats.statistics_of), not built by hand."""
+    from tutorial_utils.data import stats as S
+    from tutorial_utils.report.concepts import action_statistics
+    from tutorial_utils.train.data import synthetic_source
+
+    src = synthetic_source(n_episodes=2, length=8, image_size=16)
+    block = src.statistics["franka"]
+    assert set(block["action"]) == {*S.STAT_KEYS, "mask"} and set(block["state"]) == set(S.STAT_KEYS)
+    assert block["action"]["mask"] == S.FRANKA_ACTION_MASK and block["num_trajectories"] == 2
+    assert (
+        block["action"]
+        == S.dataset_statistics(
+            {"action": S.column_stats(src.action), "observation.state": S.column_stats(src.state)}, 2, len(src.action)
+        )["franka"]["action"]
+    )
+    one = action_statistics(src.action)["franka"]
+    assert one["action"] == block["action"] and one["state"] == {} and one["num_transitions"] == len(src.action)

@@ -31,6 +31,7 @@ def test_budget_turns_minutes_into_steps():
         zoo.budget_steps(0.1, 0)
 
 
+@pytest.mark.slow
 def test_calibrate_times_the_real_trainer(tmp_path):
     t = zoo.calibrate("mini", "synthetic", batch_size=2, num_workers=0, steps=10, log_freq=2)
     assert t["s_per_step"] > 0 and t["steps"] == 10 and t["wall_s"] > 0

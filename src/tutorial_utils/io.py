@@ -134,6 +134,36 @@ def read_jsonl(path: str | os.PathLike, tolerate_partial_last_line: bool = True)
     return rows
 
 
+def tail_lines(path: str | os.PathLike, n: int = 20, max_bytes: int = 65536) -> list[str]:
+    """The last ``n`` lines of a text file, read from its end in windows of ``max_bytes`` (doubled
+    until ``n`` lines are in, up to 64 times that); [] if absent."""
+    if n <= 0:
+        return []
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            window = max_bytes
+            while True:
+                fh.seek(max(0, size - window))
+                lines = fh.read().decode("utf-8", errors="replace").splitlines()
+                if size > window and lines:
+                    lines = lines[1:]  # the first one is cut
+                if len(lines) >= n or window >= size or window >= 64 * max_bytes:
+                    return lines[-n:]
+                window *= 2
+    except OSError:
+        return []
+
+
+def tail_text(path: str | os.PathLike, n: int = 15) -> str:
+    """The last ``n`` lines of a log as one string for an error message: ``(<name> was not
+    written)`` when the file is absent, ``(<name> is empty)`` when it holds nothing."""
+    p = Path(path)
+    if not p.is_file():
+        return f"({p.name} was not written)"
+    return "\n".join(tail_lines(p, n)) or f"({p.name} is empty)"
+
+
 def dir_size(path: str | os.PathLike) -> int:
     """Bytes of the files under ``path`` (links not followed). Files that vanish while it counts
     (a running run renames and removes temporary checkpoint folders) are skipped."""

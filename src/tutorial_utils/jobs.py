@@ -37,7 +37,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -441,26 +441,35 @@ def run_state(status: dict[str, Any]) -> str | None:
     return "stale" if age > STALE_AFTER_S else state
 
 
-class _Heartbeat:
-    """A daemon thread that refreshes the heartbeat in status.json every ``interval`` seconds."""
+class Heartbeat:
+    """A daemon thread that calls ``beat()`` every ``interval`` seconds until stopped: the one
+    heartbeat behind the job runner's status.json and the trainer's ``training`` entry. A failed
+    beat (OSError: a full disk) never stops the job; the next one retries."""
 
-    def __init__(self, run_dir: Path, interval: float):
-        self.run_dir, self.interval = run_dir, interval
+    def __init__(self, beat: Callable[[], Any], interval: float | None = None, name: str = "heartbeat"):
+        self.beat, self.interval = beat, HEARTBEAT_S if interval is None else interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="job-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            with contextlib.suppress(OSError):  # a full disk must not stop the job; the next beat retries
-                update_status(self.run_dir, **heartbeat_fields())
+            with contextlib.suppress(OSError):
+                self.beat()
 
-    def __enter__(self) -> _Heartbeat:
+    def start(self) -> Heartbeat:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
 
 def find_finished(job: str, parameters: dict[str, Any], runs_dir: Path | None = None) -> Path | None:
@@ -656,7 +665,7 @@ def run_notebook(
     old_claim = os.environ.get(CLAIMED_ENV)
     os.environ[CLAIMED_ENV] = os.fspath(rd)  # inherited by the kernel
     try:
-        with _Heartbeat(rd, HEARTBEAT_S):
+        with Heartbeat(lambda: update_status(rd, **heartbeat_fields()), name="job-heartbeat"):
             pm.execute_notebook(
                 nb,
                 _redacting_output(executed),

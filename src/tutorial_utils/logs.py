@@ -905,6 +905,14 @@ EVAL_SIGNS = (
 TRAIN_SIGNS = ("parameters counted", "first loss line", "training complete")
 
 
+def train_signs(parsed: dict[str, _Any]) -> dict[str, bool]:
+    """The :data:`TRAIN_SIGNS` of a training log parsed by :func:`parse_train_log` (ours or
+    upstream's: they share the parameter, loss and final-model lines)."""
+    return dict(
+        zip(TRAIN_SIGNS, (parsed["total_params"] is not None, bool(parsed["steps"]), parsed["final_model"] is not None))
+    )
+
+
 def _first(run: _Path, patterns: tuple[str, ...], exclude: str = "") -> _Path | None:
     for pat in patterns:
         hits = sorted(p for p in run.glob(pat) if not (exclude and exclude in p.name))
@@ -1026,11 +1034,7 @@ def _diagnose_train(d: Diagnosis, train_log: _Path) -> None:
         _smoke_check(d, tr)
         _apply_detectors(d, found, tuple(s for s, _ in UPSTREAM_TRAIN_STAGES))
         return
-    d.signs = {
-        "parameters counted": tr["total_params"] is not None,
-        "first loss line": bool(tr["steps"]),
-        "training complete": tr["final_model"] is not None,
-    }
+    d.signs = train_signs(tr)
     for sign, stage, causes in _TRAIN_STAGES:
         if not d.signs[sign]:
             d.failed_stage, d.causes = stage, errs + list(causes)
@@ -1065,9 +1069,9 @@ def _diagnose_upstream_train(d: Diagnosis, text: str, tr: dict[str, _Any], errs:
     if complete:
         last = len(UPSTREAM_TRAIN_STAGES)
     d.signs = {name: i < last for i, name in enumerate(UPSTREAM_TRAIN_SIGNS)}
-    d.signs["parameters counted"] = d.signs["parameters counted"] or tr["total_params"] is not None
-    d.signs["first loss line"] = bool(tr["steps"])
-    d.signs["training complete"] = complete
+    ours = train_signs(tr)
+    ours["parameters counted"] = ours["parameters counted"] or d.signs["parameters counted"]
+    d.signs.update(ours)
     d.figures.update({"run_id": tr["run_id"], "total_steps": tr["total_steps"], "backend": "dit4dit"})
     for i, name in enumerate(UPSTREAM_TRAIN_SIGNS):
         if not d.signs[name]:

@@ -305,13 +305,53 @@ def add_arguments(parser: argparse.ArgumentParser, cls, skip: Iterable[str] = ()
     for r in fields_info(cls):
         if r["name"] in skip:
             continue
+        flag = r["type"] == "bool"  # ``--debug`` alone means true; ``--debug false`` works too
         parser.add_argument(
             "--" + r["name"].replace("_", "-"),
             dest=r["name"],
             default=argparse.SUPPRESS,
             metavar=r["type"].upper().replace(" | NONE", ""),
             help=f"{r['help']} (default: {r['default']!r})",
+            **({"nargs": "?", "const": "true"} if flag else {}),
         )
+
+
+def _arg_text(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def to_argv(cfg: Any, changed_only: bool = True) -> list[str]:
+    """A config as the command-line options :func:`parse_cli` reads back into the same config:
+    ``["--name", "value", ...]``, by default only the fields that differ from their defaults
+    (in the active profile). The one way a process passes a config to a child's command line."""
+    out: list[str] = []
+    for f in dataclasses.fields(cfg):
+        if f.metadata.get("help") is None:
+            continue
+        value = getattr(cfg, f.name)
+        if changed_only and value == default_of(f) and type(value) is type(default_of(f)):
+            continue
+        out += ["--" + f.name.replace("_", "-"), _arg_text(value)]
+    return out
+
+
+def like(cls, name: str, **changes: Any) -> Any:
+    """Field ``name`` of config ``cls`` declared again, with its default, per-profile values and
+    help (``help=``, ``group=``, ``job=`` change them): for a config that hands the value on to
+    another job, such as the evaluation's ``checkpoint`` that goes to the server's."""
+    f = next((f for f in dataclasses.fields(cls) if f.name == name), None)
+    if f is None:
+        raise ConfigError(f"{cls.__name__} has no parameter {name!r}")
+    meta = {**f.metadata, **changes}
+    v = profile_values(f)
+    extra = {} if "profiles" not in f.metadata else {"cpu": v["cpu"], "gpu": v["gpu"]}
+    return param(v["ci"], meta["help"], meta.get("group", "job"), job=meta.get("job", True), **extra)
 
 
 def parse_cli(cls, argv: list[str], prog: str, description: str):

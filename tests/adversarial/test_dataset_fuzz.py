@@ -203,6 +203,7 @@ def _reset(root: Path, pristine: dict[str, bytes]) -> None:
 # --- the fuzzers --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_mutated_metadata_only_raises_teaching_errors(scratch):
     seen: dict[str, int] = {}
     t0 = time.perf_counter()

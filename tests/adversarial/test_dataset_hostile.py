@@ -207,7 +207,8 @@ def test_record_refuses_instead_of_re_recording(tmp_path):
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from test_record import cfg, fake_item
+    from helpers import fake_record_item as fake_item
+    from helpers import record_config as cfg
     from tutorial_utils.sim import record as rec
 
     root = tmp_path / "ds"

@@ -67,6 +67,7 @@ def test_compatible_types_run(typed_nb, runs_dir):
     assert (res.run_dir / "out.txt").read_text() == "(1, 1.5, 'a', False, 'anything')"
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_float_for_an_int_and_keeps_text_for_a_string(typed_nb, tmp_path):
     env = {**os.environ, "TUTORIAL_RUNS_DIR": str(tmp_path / "runs")}
     base = [sys.executable, "-m", "tutorial_utils", "job", "run", str(typed_nb), "--quiet"]
@@ -102,6 +103,7 @@ def test_a_run_directory_that_holds_a_run_is_refused(typed_nb, tmp_path, runs_di
     assert jobs.run_notebook(typed_nb, run_dir=empty).run_dir == empty.resolve()
 
 
+@pytest.mark.slow
 def test_cli_refuses_an_existing_run_dir(typed_nb, tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -123,6 +123,7 @@ def test_a_locked_output_dir_stops_every_rank_of_an_accelerate_launch(tmp_path):
 # --- kill -9 during a checkpoint save -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_resume_removes_the_temp_folder_a_kill_9_left_mid_save(tmp_path, source):
     out = tmp_path / "run"
     ck = out / "checkpoints"

@@ -264,5 +264,6 @@ def run_isolated(func: str, tmp_path: Path, timeout: float = 120) -> None:
 @pytest.mark.parametrize(
     "fuzzer", ["fuzz_raw_bytes", "fuzz_structures", "fuzz_crafted_maps_in_requests", "fuzz_mutated_requests"]
 )
+@pytest.mark.slow
 def test_wire_fuzz(fuzzer, tmp_path):
     run_isolated(fuzzer, tmp_path)

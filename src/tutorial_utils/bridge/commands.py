@@ -94,6 +94,16 @@ BACKEND_KEYS = tuple(f for f in BackendParams.__dataclass_fields__ if f != "back
 BACKENDS = ("mini", "dit4dit")
 
 
+def split_backend(params: dict) -> tuple[str, dict]:
+    """A job's ``backend`` (default mini) and its bridge parameters, taken out of ``params``
+    (the rest stays for the job's own config): the one switch of the train and evaluate jobs."""
+    backend = str(params.pop("backend", None) or "mini")
+    bridge_params = {k: params.pop(k) for k in BACKEND_KEYS if k in params}
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r}: use {' or '.join(BACKENDS)}")
+    return backend, bridge_params
+
+
 @dataclass
 class BridgeConfig:
     """Everything the upstream commands need. Paths are made absolute by :meth:`resolved`."""

@@ -32,6 +32,7 @@ from tutorial_utils.bridge.commands import (
     train_command,
 )
 from tutorial_utils.errors import TutorialError
+from tutorial_utils.io import tail_text
 from tutorial_utils.jobs import free_port  # noqa: F401  (re-exported: callers use it from here)
 
 READY = re.compile(re.escape(SERVER_READY_LINE))
@@ -152,13 +153,6 @@ class Server:
         self.stop()
 
 
-def _tail(path: str | os.PathLike, n: int = 12) -> str:
-    p = Path(path)
-    if not p.is_file():
-        return f"({p.name} was not written)"
-    return "\n".join(p.read_text(encoding="utf-8", errors="replace").splitlines()[-n:])
-
-
 def _verdict(run_dir: Path, step: str, rc: int | None, log: str, **fields: Any) -> Any:
     """Diagnose the run directory, record the success signs in status.json, raise on failure."""
     from tutorial_utils import jobs, logs
@@ -182,7 +176,7 @@ def _verdict(run_dir: Path, step: str, rc: int | None, log: str, **fields: Any) 
         raise StepFailed(
             step,
             f"{Path(log).name}: the process {why}; diagnosis: stage '{d.failed_stage or step}'{causes}\n"
-            f"--- {Path(log).name} (tail) ---\n{_tail(log)}",
+            f"--- {Path(log).name} (tail) ---\n{tail_text(log, 12)}",
             run_dir,
             d,
         )
@@ -271,7 +265,7 @@ def evaluate(
         files.write_libero_config_script(run_dir)
         lc = libero_config_command(cfg)
         if run_step(lc, timeout=120, echo=echo, base_env=base_env) != 0:
-            raise StepFailed("libero-config", f"LIBERO's config.yaml was not written:\n{_tail(lc.log)}", run_dir)
+            raise StepFailed("libero-config", f"LIBERO's config.yaml was not written:\n{tail_text(lc.log, 12)}", run_dir)
     config_yaml = cfg.serve_checkpoint.parents[1] / files.CONFIG_YAML
     if prepare and config_yaml.is_file():
         out["cosmos_fix"] = files.fix_cosmos_path(config_yaml, cfg.cosmos_dir)

@@ -302,6 +302,21 @@ def dataset_statistics(
     }
 
 
+def statistics_of(
+    action: np.ndarray,
+    state: np.ndarray | None = None,
+    num_trajectories: int = 1,
+    embodiment: str = "franka",
+    action_mask: list[bool] | None = None,
+) -> dict:
+    """The ``dataset_statistics.json`` block of in-memory arrays (a synthetic source, one episode
+    in a chapter), computed as :func:`compute_all` computes a dataset's (:func:`column_stats`,
+    :func:`dataset_statistics`); ``state`` None leaves the state block empty."""
+    a = np.asarray(action)
+    stats = {"action": column_stats(a), "observation.state": column_stats(state) if state is not None else {}}
+    return dataset_statistics(stats, num_trajectories, a.shape[0], embodiment, action_mask)
+
+
 def load_step_index(root: str | os.PathLike) -> dict[str, np.ndarray]:
     """Read ``meta/steps_index.npz`` safely (no pickle)."""
     with np.load(Path(root) / STEP_INDEX_PATH, allow_pickle=False) as z:

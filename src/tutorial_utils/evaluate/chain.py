@@ -23,6 +23,8 @@ from typing import Any
 
 from tutorial_utils import logs as L
 from tutorial_utils.evaluate.loop import RESULTS_FILE, SERVER_LOG, EvalConfig, StageFailed, eval_log_name
+from tutorial_utils.io import tail_text
+from tutorial_utils.serve.config import ServeConfig, server_argv
 
 
 @dataclass
@@ -34,13 +36,6 @@ class ChainResult:
     eval_log: Path
     wall_s: float
     stages: dict = field(default_factory=dict)
-
-
-def _tail(path: Path, n: int = 15) -> str:
-    if not path.is_file():
-        return f"({path.name} was not written)"
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    return "\n".join(lines[-n:])
 
 
 def _child_env() -> dict[str, str]:
@@ -70,17 +65,15 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
     out_dir = _absolute(cfg.output_dir) if cfg.output_dir else rd
     out_dir.mkdir(parents=True, exist_ok=True)
     # the children run in the run directory: every path they get is absolute
-    checkpoint = os.fspath(_absolute(cfg.checkpoint)) if cfg.checkpoint else ""
-    port = int(cfg.port) or free_port()
+    checkpoint = os.fspath(_absolute(cfg.checkpoint)) if cfg.checkpoint else None
+    port = cfg.port or free_port()
     client_cfg = dataclasses.replace(
         cfg, checkpoint=checkpoint, port=port, host="127.0.0.1", output_dir=os.fspath(out_dir)
     )
     server_log, eval_log = rd / SERVER_LOG, rd / eval_log_name(cfg.suite)
     stages: dict[str, float] = {}
     py = sys.executable
-    srv_cmd = [py, "-m", "tutorial_utils", "serve", "--policy", cfg.policy, "--port", str(port)]
-    if checkpoint:
-        srv_cmd += ["--checkpoint", checkpoint]
+    srv_cmd = server_argv(ServeConfig(policy=cfg.policy, checkpoint=checkpoint, host="127.0.0.1", port=port), py)
     jobs.update_status(rd, stage="server", eval={"port": port, "policy": cfg.policy, "suite": cfg.suite})
     with open(server_log, "w", encoding="utf-8") as srv_fh:
         server = subprocess.Popen(srv_cmd, stdout=srv_fh, stderr=subprocess.STDOUT, env=_child_env(), cwd=os.fspath(rd))
@@ -94,7 +87,7 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
             d = L.diagnose(rd)
             jobs.update_status(rd, stage="server", success_signs=d.signs)
             raise StageFailed(
-                "server", f"{exc}\n{_causes(d)}--- server.log (tail) ---\n{_tail(server_log)}", rd
+                "server", f"{exc}\n{_causes(d)}--- server.log (tail) ---\n{tail_text(server_log)}", rd
             ) from None
         params.write_json(client_cfg, rd / CLIENT_CONFIG)
         cli_cmd = [py, "-m", "tutorial_utils", "eval", "--config", os.fspath(rd / CLIENT_CONFIG)]
@@ -126,8 +119,8 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
         why = "timed out" if rc is None else f"exited with code {rc}"
         raise StageFailed(
             stage,
-            f"the LIBERO client {why}.\n{_causes(d)}--- {eval_log.name} (tail) ---\n{_tail(eval_log)}\n"
-            f"--- server.log (tail) ---\n{_tail(server_log, 8)}",
+            f"the LIBERO client {why}.\n{_causes(d)}--- {eval_log.name} (tail) ---\n{tail_text(eval_log)}\n"
+            f"--- server.log (tail) ---\n{tail_text(server_log, 8)}",
             rd,
         )
     if out_dir != rd:
@@ -139,13 +132,9 @@ def run_job(run_dir: str | os.PathLike = "", **overrides: Any) -> ChainResult:
     """What ``notebooks/jobs/evaluate.md`` runs: the chain with :class:`EvalConfig` parameters
     (``backend="dit4dit"``: upstream's server and a LIBERO client through the bridge)."""
     from tutorial_utils import params
-    from tutorial_utils.bridge.commands import BACKEND_KEYS, BACKENDS
-    from tutorial_utils.errors import ConfigError
+    from tutorial_utils.bridge.commands import split_backend
 
-    backend = str(overrides.pop("backend", "") or "mini")
-    bridge_params = {k: overrides.pop(k) for k in BACKEND_KEYS if k in overrides}
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend={backend!r}: use {' or '.join(BACKENDS)}")
+    backend, bridge_params = split_backend(overrides)
     if backend == "dit4dit":
         return _run_dit4dit(run_dir, {**overrides, **bridge_params})
     if bridge_params.get("smoke"):

@@ -13,7 +13,9 @@ from typing import Any
 from tutorial_utils import logs as L
 from tutorial_utils.errors import ConfigError, TutorialError
 from tutorial_utils.io import atomic_path, atomic_write_json
-from tutorial_utils.params import param
+from tutorial_utils.params import like, param
+from tutorial_utils.serve.config import ServeConfig
+from tutorial_utils.serve.protocol import DEFAULT_PORT
 
 RESULTS_FILE = "results.json"
 SERVER_LOG = "server.log"
@@ -43,22 +45,18 @@ class EvalConfig:
     step limit, the policy's own ``replan_steps``.
     """
 
-    policy: str = param(
-        "expert",
-        "policy to serve (registry name: expert, zero, mini, mlp, ...; dit4dit runs on its own GPU checkout)",
-        "server",
-    )
-    checkpoint: str = param("", "checkpoint directory of a trained policy (e.g. runs/<id>/checkpoints/last)", "server")
-    suite: str = param(
-        "libero_spatial", "LIBERO suite: libero_spatial, libero_object, libero_goal, libero_10, libero_90"
-    )
+    policy: str = like(ServeConfig, "policy")
+    checkpoint: str | None = like(ServeConfig, "checkpoint")
+    suite: str = param("libero_spatial", "LIBERO suite (one of tutorial_utils.sim.libero_env.SUITES)")
     task_ids: str = param(
         "0", "tasks to run: all, 0-4, 0,3 (one parser: tutorial_utils.params.parse_task_ids)", cpu="all"
     )
     trials_per_task: int = param(1, "episodes per task (init states 0, 1, ...; the benchmark uses 50)", gpu=50)
     seed: int = param(7, "seed of the client's numpy RNG")
     host: str = param("127.0.0.1", "policy server address (the chain starts it here)", "server")
-    port: int = param(0, "policy server port (0: the chain picks a free one)", "server")
+    port: int | None = param(
+        None, "policy server port (None: the chain picks a free one; the client alone connects to 8000)", "server"
+    )
     render_profile: str = param("fast", "fast | reference (the same profile recording uses)", gpu="reference")
     env_image_size: int = param(128, "camera render size (LIBERO's reference is 256)")
     max_steps: int | None = param(None, "step limit per episode (None: the suite's limit, spatial 220)")
@@ -67,11 +65,11 @@ class EvalConfig:
         None, "actions of each chunk executed before asking again (None: the server's metadata)"
     )
     protocol: str = param("openpi", "request shape: openpi | dit4dit")
-    statistics: str = param(
-        "",
-        "dataset_statistics.json that un-normalises dit4dit replies (empty: the checkpoint's, else the server's)",
+    statistics: str | None = param(
+        None,
+        "dataset_statistics.json that un-normalises dit4dit replies (None: the checkpoint's, else the server's)",
     )
-    output_dir: str = param("", "results.json and videos/ (empty: the run directory)")
+    output_dir: str | None = param(None, "results.json and videos/ (None: the run directory)")
     videos: bool = param(True, "write one mp4 per episode")
     connect_timeout: float = param(120.0, "seconds the client waits for the server")
     recv_timeout: float = param(120.0, "seconds the client waits for one reply")
@@ -87,6 +85,10 @@ class EvalConfig:
         from tutorial_utils.params import parse_task_ids
 
         parse_task_ids(self.task_ids)
+        from tutorial_utils.sim.libero_env import SUITES
+
+        if self.suite not in SUITES:
+            raise ConfigError(f"suite={self.suite!r}: use one of {', '.join(SUITES)}")
         if self.protocol not in ("openpi", "dit4dit"):
             raise ConfigError(f"protocol={self.protocol!r}: use openpi or dit4dit")
         if self.render_profile not in ("fast", "reference"):
@@ -312,7 +314,11 @@ def run_evaluation(cfg: EvalConfig, out=None, pairs: list | None = None) -> dict
     out_dir.mkdir(parents=True, exist_ok=True)
     max_steps = suite_max_steps(cfg.suite, cfg.max_steps)
     client = PolicyClient(
-        cfg.host, cfg.port, connect_timeout=cfg.connect_timeout, recv_timeout=cfg.recv_timeout, protocol=cfg.protocol
+        cfg.host,
+        cfg.port or DEFAULT_PORT,
+        connect_timeout=cfg.connect_timeout,
+        recv_timeout=cfg.recv_timeout,
+        protocol=cfg.protocol,
     )
     meta = dict(client.metadata)
     results = _results_skeleton(cfg, meta)

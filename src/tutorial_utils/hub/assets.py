@@ -27,7 +27,8 @@ class Asset:
         return f"https://huggingface.co/{prefix}{self.repo_id}"
 
 
-#: the four LIBERO suites IPEC-COMMUNITY publishes in LeRobot v2.1 format
+#: the four LIBERO suites IPEC-COMMUNITY publishes in LeRobot v2.1 format (a fact about the Hub:
+#: LIBERO's own suite list, with libero_90, is ``tutorial_utils.sim.libero_env.SUITES``)
 SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10")
 
 _DATASET_KEYS = ("meta/info.json", "meta/episodes.jsonl", "meta/tasks.jsonl")

@@ -24,20 +24,20 @@ from tutorial_utils.params import param
 @dataclass
 class DownloadConfig:
     asset: str = param("dataset:libero_spatial", f"what to download: {', '.join(ASSETS)}", "download")
-    dest: str = param(
+    dest: str | None = param(
         "run",
-        "target folder; '': data/models/<repo> or data/datasets/<repo>; 'run': <run_dir>/<repo>",
+        "target folder; None: data/models/<repo> or data/datasets/<repo>; 'run': <run_dir>/<repo>",
         "download",
-        cpu="",
+        cpu=None,
     )
-    endpoint: str = param(
-        "local", "'' = the real Hub (or HF_ENDPOINT), a URL, or 'local' (a local stand-in)", "download", cpu=""
+    endpoint: str | None = param(
+        "local", "None: the real Hub (or HF_ENDPOINT); a URL; or 'local' (a local stand-in)", "download", cpu=None
     )
     dry_run: bool = param(False, "plan only: files, bytes and the disk check, nothing downloaded", "download")
     timeout_s: float = param(30.0, "HF_HUB_DOWNLOAD_TIMEOUT for the download, seconds", "download")
 
 
-def resolve_dest(dest: str, run_dir: str | os.PathLike, asset: str) -> Path:
+def resolve_dest(dest: str | None, run_dir: str | os.PathLike, asset: str) -> Path:
     """Where the asset goes: ``dest``, or the default folder for its kind (see :class:`DownloadConfig`)."""
     from tutorial_utils import paths
 
@@ -67,7 +67,7 @@ def run_job(run_dir: str | os.PathLike, local_source: str | os.PathLike | None =
             if local_source is None or not Path(local_source).is_dir():
                 raise ConfigError(
                     f"endpoint='local' serves a folder as {a.name}, but local_source is {local_source!r}. Fix: "
-                    "pass the folder to serve (the ci profile generates a dataset), or set endpoint to '' for the Hub"
+                    "pass the folder to serve (the ci profile generates a dataset), or set endpoint to None for the Hub"
                 )
             endpoint = stack.enter_context(serve_repos({a.name: local_source}, gated=False))
             print(f"serving {local_source} as {a.repo_id} on a local stand-in for the Hub: {endpoint}")

@@ -65,6 +65,9 @@ EPISODE_KEY = "episode_id"
 #: chunk is empty). Our client sends the frames between two predictions this way, so the history
 #: a policy sees is one environment step apart, as in its training windows
 OBSERVE_ONLY_KEY = "observe_only"
+#: the one mapping between the two: openpi's request key -> the LeRobot batch key it becomes
+#: (:func:`observation_to_batch` reads it one way, :func:`batch_to_observation` the other)
+OPENPI_TO_BATCH = {IMAGE_KEY: BATCH_IMAGE, WRIST_KEY: BATCH_WRIST, STATE_KEY: BATCH_STATE, PROMPT_KEY: BATCH_TASK}
 
 
 class PolicyUnavailable(TutorialError, RuntimeError):
@@ -175,9 +178,30 @@ def observation_to_batch(obs: Mapping[str, Any]) -> dict[str, Any]:
             "return NaN actions: check the robot state the client reads (a sensor that is not ready, a "
             "division by zero in the axis-angle conversion)"
         )
-    return {
-        BATCH_IMAGE: images[IMAGE_KEY][None],
-        BATCH_WRIST: images[WRIST_KEY][None],
-        BATCH_STATE: state,
-        BATCH_TASK: [str(obs.get(PROMPT_KEY, ""))],
+    values = {
+        **{k: img[None] for k, img in images.items()},
+        STATE_KEY: state,
+        PROMPT_KEY: [str(obs.get(PROMPT_KEY, ""))],
     }
+    return {OPENPI_TO_BATCH[k]: v for k, v in values.items()}
+
+
+def batch_to_observation(batch: Mapping[str, Any], i: int = 0) -> dict[str, Any]:
+    """Item ``i`` of a batch in LeRobot key names as an openpi LIBERO request (what
+    :class:`tutorial_utils.serve.client.PolicyClient` sends): uint8 images, a float32 state, a str
+    prompt. A missing key is an :class:`ObservationError` naming it."""
+    import numpy as np
+
+    missing = [b for b in OPENPI_TO_BATCH.values() if b not in batch]
+    if missing:
+        raise ObservationError(f"the batch has no {', '.join(missing)}; pass a batch in LeRobot key names.")
+    out: dict[str, Any] = {}
+    for key, b in OPENPI_TO_BATCH.items():
+        item = batch[b]
+        if key == PROMPT_KEY:
+            out[key] = str(item[i] if isinstance(item, (list, tuple)) else item)
+        elif key == STATE_KEY:
+            out[key] = np.asarray(item[i], dtype=np.float32)
+        else:
+            out[key] = np.ascontiguousarray(np.asarray(item[i], dtype=np.uint8))
+    return out

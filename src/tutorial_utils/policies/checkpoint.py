@@ -184,7 +184,7 @@ def load_weights_into(policy, directory: str | os.PathLike) -> dict:
         raise CheckpointError(
             f"{Path(directory) / CONFIG_FILE} is from a different model config ({pretty}). "
             "Build the model with the checkpoint's config (load_policy reads it for you), or "
-            "train from scratch with pretrained_checkpoint=''."
+            "train from scratch with pretrained_checkpoint=None."
         )
     own = p.state_dict()
     bad = [k for k in own if k not in state or tuple(state[k].shape) != tuple(own[k].shape)]

@@ -79,23 +79,10 @@ def episode_batch(episode: Mapping[str, np.ndarray], starts: Sequence[int], hori
 
 def action_statistics(action: np.ndarray) -> dict:
     """``dataset_statistics.json``'s layout for an (N, 7) action array (min-max on x..yaw,
-    gripper raw, as DiT4DiT's ``libero_franka``)."""
-    a = np.asarray(action, np.float32).reshape(-1, np.shape(action)[-1])
-    mask = [True] * (a.shape[1] - 1) + [False]
-    return {
-        "franka": {
-            "action": {
-                "min": a.min(0).tolist(),
-                "max": a.max(0).tolist(),
-                "mean": a.mean(0).tolist(),
-                "std": a.std(0).tolist(),
-                "mask": mask,
-            },
-            "state": {},
-            "num_trajectories": 1,
-            "num_transitions": int(a.shape[0]),
-        }
-    }
+    gripper raw, as DiT4DiT's ``libero_franka``), computed by :func:`tutorial_utils.data.stats.statistics_of`."""
+    from tutorial_utils.data.stats import statistics_of
+
+    return statistics_of(np.asarray(action, np.float32).reshape(-1, np.shape(action)[-1]))
 
 
 def trace_shapes(

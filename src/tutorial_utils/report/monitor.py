@@ -45,7 +45,7 @@ from typing import Any
 
 from tutorial_utils.data.libero_schema import LIBERO_ACTION_NAMES
 from tutorial_utils.errors import TutorialError
-from tutorial_utils.io import human_bytes, read_json_or_empty
+from tutorial_utils.io import human_bytes, read_json_or_empty, tail_lines
 from tutorial_utils.jobs import STATUS_FILE as STATUS
 from tutorial_utils.paths import for_book
 from tutorial_utils.report.page import figure_png, readable
@@ -131,27 +131,6 @@ class MetricsTail:
                 self.skipped += 1
         self.rows.extend(new)
         return new
-
-
-def tail_lines(path: str | os.PathLike, n: int = 20, max_bytes: int = 65536) -> list[str]:
-    """The last ``n`` lines of a text file, read from its end in windows of ``max_bytes`` (doubled
-    until ``n`` lines are in, up to 64 times that); [] if absent."""
-    if n <= 0:
-        return []
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            window = max_bytes
-            while True:
-                fh.seek(max(0, size - window))
-                lines = fh.read().decode("utf-8", errors="replace").splitlines()
-                if size > window and lines:
-                    lines = lines[1:]  # the first one is cut
-                if len(lines) >= n or window >= size or window >= 64 * max_bytes:
-                    return lines[-n:]
-                window *= 2
-    except OSError:
-        return []
 
 
 def line_level(line: str) -> str | None:

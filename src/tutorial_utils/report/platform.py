@@ -29,6 +29,7 @@ from typing import Any
 
 from tutorial_utils import paths
 from tutorial_utils.errors import TutorialError
+from tutorial_utils.io import tail_text
 
 
 class BackgroundError(TutorialError, RuntimeError):
@@ -36,10 +37,7 @@ class BackgroundError(TutorialError, RuntimeError):
 
 
 def _log_tail(log: Path | None, n: int = 15) -> str:
-    if log is None or not Path(log).is_file():
-        return "(no log)"
-    lines = Path(log).read_text(encoding="utf-8", errors="replace").splitlines()
-    return "\n".join(lines[-n:]) or "(empty log)"
+    return tail_text(log, n) if log is not None else "(no log)"
 
 
 def cli_command(args: list[str]) -> list[str]:
@@ -175,30 +173,14 @@ def tampered_copy(bundle: str | os.PathLike, dest: str | os.PathLike, file: str 
 def openpi_observation(batch: Mapping[str, Any], i: int = 0) -> dict[str, Any]:
     """Item ``i`` of a batch in LeRobot key names (``observation.images.image``...) as an openpi
     LIBERO request (``observation/image``, ``observation/wrist_image``, ``observation/state``,
-    ``prompt``), what :class:`tutorial_utils.serve.client.PolicyClient` sends."""
-    import numpy as np
+    ``prompt``), what :class:`tutorial_utils.serve.client.PolicyClient` sends
+    (:func:`tutorial_utils.policies.base.batch_to_observation`)."""
+    from tutorial_utils.policies.base import ObservationError, batch_to_observation
 
-    from tutorial_utils.policies.base import (
-        BATCH_IMAGE,
-        BATCH_STATE,
-        BATCH_TASK,
-        BATCH_WRIST,
-        IMAGE_KEY,
-        PROMPT_KEY,
-        STATE_KEY,
-        WRIST_KEY,
-    )
-
-    missing = [k for k in (BATCH_IMAGE, BATCH_WRIST, BATCH_STATE, BATCH_TASK) if k not in batch]
-    if missing:
-        raise BackgroundError(f"the batch has no {', '.join(missing)}; pass a batch in LeRobot key names.")
-    task = batch[BATCH_TASK]
-    return {
-        IMAGE_KEY: np.ascontiguousarray(np.asarray(batch[BATCH_IMAGE][i], dtype=np.uint8)),
-        WRIST_KEY: np.ascontiguousarray(np.asarray(batch[BATCH_WRIST][i], dtype=np.uint8)),
-        STATE_KEY: np.asarray(batch[BATCH_STATE][i], dtype=np.float32),
-        PROMPT_KEY: str(task[i] if isinstance(task, (list, tuple)) else task),
-    }
+    try:
+        return batch_to_observation(batch, i)
+    except ObservationError as exc:
+        raise BackgroundError(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -208,11 +190,13 @@ def serving(
     """``python -m tutorial_utils serve --policy POLICY --checkpoint CHECKPOINT`` (a checkpoint
     or an exported bundle) on 127.0.0.1 in the background; yields ``(port, process)`` once
     ``/healthz`` answers, and stops the server (SIGTERM) when the block ends."""
+    from tutorial_utils.params import to_argv
     from tutorial_utils.serve.client import wait_for_health
+    from tutorial_utils.serve.config import ServeConfig
     from tutorial_utils.serve.server import free_port
 
     port = port or free_port()
-    args = ["serve", "--policy", policy, "--checkpoint", os.fspath(checkpoint), "--port", port]
+    args = ["serve", *to_argv(ServeConfig(policy=policy, checkpoint=os.fspath(checkpoint), port=port))]
     proc = start_cli(args, log)
     try:
         try:

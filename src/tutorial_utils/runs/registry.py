@@ -347,7 +347,7 @@ def copy(
     else:
         cfg = train_config(src, None, **overrides)
         train = json.loads(json.dumps(cfg.to_dict(), default=str))
-        train.update(output_dir="", run_id="", resume=False, resume_from=None)
+        train.update(output_dir=None, run_id=None, resume=False, resume_from=None)
         record.update(kind="train", job="train", train=train)
         name = jobs.new_run_id("train")
     out = Path(dest) if dest else _new_dir(src.parent, name)

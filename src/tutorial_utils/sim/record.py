@@ -60,10 +60,10 @@ class RecordConfig:
     render_profile: str = param("fast", "fast | reference (the same profile evaluation uses)")
     seed: int = param(7, "seed of the expert's grasp search")
     attempts: int = param(4, "expert attempts per (task, init state) before the item is skipped")
-    output_dir: str = param(
+    output_dir: str | None = param(
         "run",
-        "dataset folder: empty for data/<suite>_no_noops_expert_<size>[_init<offset>]_lerobot, 'run' for <run_dir>/dataset, or a path",
-        cpu="",
+        "dataset folder: None for data/<suite>_no_noops_expert_<size>[_init<offset>]_lerobot, 'run' for <run_dir>/dataset, or a path",
+        cpu=None,
     )
     workers: int = param(1, "worker processes recording in parallel (each holds one LIBERO scene)", cpu=2, gpu=8)
 
@@ -99,8 +99,10 @@ def default_output_dir(suite: str, image_size: int, init_state_offset: int = 0) 
     return paths.DATA / f"{suite}_no_noops_expert_{int(image_size)}{offset}_lerobot"
 
 
-def resolve_output_dir(output_dir: str, run_dir, suite: str, image_size: int, init_state_offset: int = 0) -> Path:
-    """The job's ``output_dir``: ``""`` -> :func:`default_output_dir`, ``"run"`` -> ``<run_dir>/dataset``."""
+def resolve_output_dir(
+    output_dir: str | None, run_dir, suite: str, image_size: int, init_state_offset: int = 0
+) -> Path:
+    """The job's ``output_dir``: None -> :func:`default_output_dir`, ``"run"`` -> ``<run_dir>/dataset``."""
     if not output_dir:
         return default_output_dir(suite, image_size, init_state_offset)
     if output_dir == "run":

@@ -54,13 +54,13 @@ class TrainConfig:
         cpu="libero_spatial_no_noops_expert_128_init10_lerobot",
         gpu="libero_spatial_no_noops_expert_256_lerobot",
     )
-    output_dir: str = _p(
-        "",
+    output_dir: str | None = _p(
+        None,
         "run directory: logs, metrics, checkpoints (a fresh one per run; the train job's run directory)",
         "data",
         job=False,
     )
-    run_id: str = _p("", "experiment id printed in `[Exp: id]` lines (default: output_dir's name)", "data")
+    run_id: str | None = _p(None, "experiment id printed in `[Exp: id]` lines (None: output_dir's name)", "data")
     val_fraction: float = _p(
         0.1,
         "share of episodes held out for the validation action error "
@@ -164,8 +164,8 @@ class TrainConfig:
         "augmentation that helps closed-loop control; 0: off",
     )
     # DiT4DiT-style
-    pretrained_checkpoint: str = _p(
-        "", "start from this policy checkpoint directory (same family and config)", "dit4dit"
+    pretrained_checkpoint: str | None = _p(
+        None, "start from this policy checkpoint directory (same family and config; None: from scratch)", "dit4dit"
     )
     freeze_modules: str | None = _p(
         None,

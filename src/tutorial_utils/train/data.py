@@ -127,20 +127,9 @@ def synthetic_source(
             tasks.append(names[task])
             pos = pos + 0.05 * a[:3]
     act_a = np.asarray(act, np.float32)
-    stats = {
-        "franka": {
-            "action": {
-                "min": act_a.min(0).tolist(),
-                "max": act_a.max(0).tolist(),
-                "mean": act_a.mean(0).tolist(),
-                "std": act_a.std(0).tolist(),
-                "mask": [True] * 6 + [False],
-            },
-            "state": {"min": np.min(st, 0).tolist(), "max": np.max(st, 0).tolist()},
-            "num_trajectories": n_episodes,
-            "num_transitions": len(act),
-        }
-    }
+    from tutorial_utils.data.stats import statistics_of
+
+    stats = statistics_of(act_a, np.asarray(st, np.float32), n_episodes)
     return ArraySource(
         np.stack(prim), np.stack(wrist), np.stack(st), act_a, np.array(epi), tasks, stats, name="synthetic"
     )

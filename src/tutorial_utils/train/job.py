@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tutorial_utils.errors import ConfigError
 from tutorial_utils.io import read_jsonl
 from tutorial_utils.train.config import DatasetNotReady, TrainConfig
 from tutorial_utils.train.data import _in_data
@@ -15,8 +14,6 @@ from tutorial_utils.train.loop import LOG_FILE, METRICS_FILE, TrainResult, train
 
 # --- the job notebook's logic ---------------------------------------------------------------------
 
-#: Success signs of a training run, as ``tutorial_utils.logs.TRAIN_SIGNS`` names them.
-SIGNS = ("parameters counted", "first loss line", "training complete")
 #: What ``smoke=True`` sets on the mini backend (the dit4dit backend's smoke test is the bridge's).
 SMOKE_OVERRIDES = {"steps": 2, "batch_size": 1, "log_freq": 1, "eval_freq": 0, "save_freq": 0}
 
@@ -102,12 +99,9 @@ def run_job(run_dir: str | os.PathLike, **params: Any) -> TrainResult:
     """What ``notebooks/jobs/train.md`` runs: resolve ``params["dataset"]``, train into
     ``run_dir`` with the other parameters (:class:`TrainConfig` names), record the success signs
     in ``status.json``. ``backend="dit4dit"`` runs upstream's training through the bridge instead."""
-    from tutorial_utils.bridge.commands import BACKEND_KEYS, BACKENDS
+    from tutorial_utils.bridge.commands import split_backend
 
-    backend = str(params.pop("backend", "") or "mini")
-    bridge_params = {k: params.pop(k) for k in BACKEND_KEYS if k in params}
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend={backend!r}: use {' or '.join(BACKENDS)}")
+    backend, bridge_params = split_backend(params)
     if backend == "dit4dit":
         return _run_dit4dit(run_dir, {**params, **bridge_params})
     if bridge_params.get("smoke"):  # the smoke test whatever the profile: 2 steps at batch 1
@@ -116,7 +110,7 @@ def run_job(run_dir: str | os.PathLike, **params: Any) -> TrainResult:
     if not dataset:
         raise DatasetNotReady("the train job needs a dataset: pass dataset=<name under data/, a path, or synthetic>.")
     from tutorial_utils import jobs
-    from tutorial_utils.logs import parse_train_log
+    from tutorial_utils.logs import parse_train_log, train_signs
 
     root = resolve_dataset(dataset, run_dir)
     wrote = prepare_metadata(root)  # DiT4DiT computes missing statistics too; here it is said out loud
@@ -125,11 +119,7 @@ def run_job(run_dir: str | os.PathLike, **params: Any) -> TrainResult:
     cfg = TrainConfig.from_overrides({**params, "dataset": str(root), "output_dir": str(run_dir)})
     res = train(cfg)
     log = parse_train_log(Path(run_dir) / LOG_FILE)
-    signs = {
-        "parameters counted": log["total_params"] is not None,
-        "first loss line": bool(log["steps"]),
-        "training complete": log["final_model"] is not None,
-    }
+    signs = train_signs(log)
     jobs.update_status(
         run_dir,
         success_signs=signs,

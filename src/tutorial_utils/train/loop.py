@@ -336,13 +336,12 @@ class TrainingStatus:
     disk) never stops training."""
 
     def __init__(self, out: Path, main: bool, total: int, start_step: int, wall_before: float):
-        import threading
+        from tutorial_utils import jobs
 
         self.out, self.main, self.total, self.start_step = Path(out), main, total, start_step
         self.step, self.t0, self.wall_before = start_step, time.perf_counter(), wall_before
         self.started = _dt.datetime.now().isoformat(timespec="seconds")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="train-heartbeat", daemon=True)
+        self._heart = jobs.Heartbeat(lambda: self.write("running"), name="train-heartbeat")
 
     def fields(self, state: str, **extra: Any) -> dict:
         from tutorial_utils import jobs
@@ -369,21 +368,13 @@ class TrainingStatus:
         with contextlib.suppress(OSError):
             jobs.update_status(self.out, training=self.fields(state, **extra))
 
-    def _beat(self) -> None:
-        from tutorial_utils import jobs
-
-        while not self._stop.wait(jobs.HEARTBEAT_S):
-            self.write("running")
-
     def start(self) -> None:
         if self.main:
             self.write("running", stopped_by=None, error=None)
-            self._thread.start()
+            self._heart.start()
 
     def close(self, state: str, **extra: Any) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=30)
+        self._heart.stop()
         self.write(state, eta_s=None, **extra)
 
 

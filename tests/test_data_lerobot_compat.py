@@ -36,6 +36,7 @@ def load_with_lerobot(root: Path, tmp_path: Path) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow
 def test_lerobot_03_loads_our_dataset(tmp_path):
     root = generate_dataset(tmp_path / "d", n_episodes=4, mean_length=15, image_size=32)
     proc = load_with_lerobot(root, tmp_path)
@@ -59,6 +60,7 @@ def test_lerobot_03_loads_our_dataset(tmp_path):
     assert got["subset_frames"] == ours.lengths[0] + ours.lengths[-1]
 
 
+@pytest.mark.slow
 def test_lerobot_03_rejects_broken_timestamps(tmp_path):
     """The same check fails where LeRobot would: timestamps that do not advance by 1/fps."""
     import pyarrow as pa

@@ -242,7 +242,7 @@ WORKER_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from tutorial_utils.sim import libero_env
-from test_eval_shards import FakeEnv
+from test_evaluate_shards import FakeEnv
 libero_env.make_env = lambda suite, task_id, **kw: FakeEnv(task_id)
 from tutorial_utils.evaluate.parallel import worker_main
 raise SystemExit(worker_main(["worker", sys.argv[1]]))
@@ -256,6 +256,7 @@ def fake_workers(tmp_path, monkeypatch):
     monkeypatch.setattr(parallel, "worker_command", lambda f: [sys.executable, str(script), str(f)])
 
 
+@pytest.mark.slow
 def test_two_workers_report_as_one_process(tmp_path, fake_env, fake_workers, server, capsys):
     one, one_log = _run(_cfg(server.port, tmp_path / "one"), capsys)
     res = parallel.evaluate(_cfg(server.port, tmp_path / "two", workers=2), poll_s=0.1)

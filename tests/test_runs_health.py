@@ -1,7 +1,7 @@
 """tutorial_utils.runs.health: each finding triggers on a run crafted to have the problem and
 stays quiet on a healthy one; the "loss falls but success is 0" checklist; status.json and the CLI.
 
-The runs are written by :func:`make_run` (also used by test_compare.py): the files the training
+The runs are written by :func:`helpers.make_run` (also used by test_runs_compare.py): the files the training
 loop writes (train_config.json, metrics.jsonl rows, status.json, checkpoints, statistics, a
 dataset's meta/), with the values each test needs."""
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import math
 import socket
 import subprocess
 import sys
@@ -18,142 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import STATS, decaying, make_run, results
 from tutorial_utils import jobs
 from tutorial_utils.io import dir_size
 from tutorial_utils.runs import health
 from tutorial_utils.runs.cli import main as runs_cli
-
-STATS = {
-    "franka": {
-        "action": {
-            "min": [-1.0, -0.8, -1.0, -0.1, -0.1, -0.1, -1.0],
-            "max": [1.0, 0.9, 0.5, 0.1, 0.1, 0.1, 1.0],
-            "mask": [True] * 6 + [False],
-        }
-    }
-}
-CAMERAS = ("observation.images.image", "observation.images.wrist_image")
-
-
-def decaying(n: int, start: float = 1.0, end: float = 0.1, wiggle: float = 0.05) -> list[float]:
-    """A healthy loss: exponential decay with a deterministic wiggle."""
-    return [end + (start - end) * math.exp(-4 * i / n) + wiggle * math.sin(7 * i) * end for i in range(n)]
-
-
-def make_run(
-    root: Path,
-    name: str = "run",
-    *,
-    losses: list[float] | None = None,
-    lr: float = 1e-3,
-    wait: float | list[float] = 0.05,
-    seed: int = 1000,
-    params: dict | None = None,
-    val: dict[int, float] | None = None,
-    checkpoints: tuple[int, ...] = (10, 20),
-    ckpt_bytes: int = 1000,
-    training: dict | None = None,
-    stats: dict | None = STATS,
-    gripper: str = "dataset",
-    cameras: tuple[str, ...] = CAMERAS,
-    summary: bool = True,
-) -> Path:
-    """A training run directory as the loop leaves it, with the values a test needs."""
-    d = root / name
-    d.mkdir(parents=True)
-    losses = decaying(20) if losses is None else losses
-    steps = len(losses)
-    train = {
-        "policy": "mlp",
-        "steps": steps,
-        "seed": seed,
-        "optimizer_lr": lr,
-        "scheduler_warmup_steps": 2,
-        "save_freq": 10,
-        "save_checkpoint": True,
-        "keep_last": 0,
-        "num_workers": 1,
-        "batch_size": 4,
-        "output_dir": str(d),
-        "run_id": name,
-        "dataset": str(d / "dataset"),
-        "policy_config": {"hidden_dim": 16},
-        **(params or {}),
-    }
-    (d / "train_config.json").write_text(
-        json.dumps({"train": train, "policy_config": train["policy_config"], "dataset": {"name": "demo", "frames": 66}})
-    )
-    waits = wait if isinstance(wait, list) else [wait] * steps
-    rows = [
-        {
-            "step": i + 1,
-            "loss": v,
-            "loss_mean": v,
-            "lr": lr,
-            "grad_norm": 1.0,
-            "samples_per_s": 40.0,
-            "data_wait_share": waits[i],
-            "epoch": 0.1 * i,
-            "time": 1.7e9 + i,
-        }
-        for i, v in enumerate(losses)
-    ]
-    val = {10: 0.30, 20: 0.25} if val is None else val
-    for step, mae in val.items():
-        rows.insert(
-            [r["step"] for r in rows].index(step) + 1 if step <= steps else len(rows),
-            {
-                "val_action_mae": mae,
-                "val_action_mae_xyz": mae * 1.5,
-                "val_gripper_mae": 1.0 - mae,
-                "val_frames": 8,
-                "step": step,
-                "best": True,
-                "time": 1.7e9 + step,
-                "sample": f"samples/step_{step:06d}.json",
-            },
-        )
-    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if stats is not None:
-        (d / "dataset_statistics.json").write_text(json.dumps(stats))
-    root_ck = d / "checkpoints"
-    for step in checkpoints:
-        c = root_ck / f"step_{step:06d}"
-        c.mkdir(parents=True)
-        (c / "training_state.json").write_text(json.dumps({"step": step, "reason": "periodic", "time": 1.7e9 + step}))
-        (c / "training_state.pt").write_bytes(b"\0" * (ckpt_bytes // 2))
-        (c / "model.safetensors").write_bytes(b"\1" * (ckpt_bytes // 2 - 200))
-        (c / "config.json").write_text(json.dumps({"step": step, "dataset": {"name": "demo", "gripper": gripper}}))
-        if stats is not None:
-            (c / "dataset_statistics.json").write_text(json.dumps(stats))
-    if checkpoints:
-        (root_ck / "last").symlink_to(f"step_{checkpoints[-1]:06d}")
-    meta = d / "dataset" / "meta"
-    meta.mkdir(parents=True)
-    feats = {k: {"dtype": "video", "shape": [64, 64, 3]} for k in cameras}
-    (meta / "info.json").write_text(json.dumps({"codebase_version": "v2.1", "features": feats}))
-    modality = {"video": {k.rsplit(".", 1)[1]: {"original_key": k} for k in cameras}}
-    (meta / "modality.json").write_text(json.dumps(modality))
-    done = {"state": "finished", "step": steps, "total": steps, "wall_s": 12.0, "pid": 1, "host": "elsewhere"}
-    (d / "status.json").write_text(json.dumps({"training": training if training is not None else done}))
-    if summary and training is None:
-        (d / "summary.json").write_text(json.dumps({"steps": steps, "steps_done": steps, "state": "finished"}))
-    return d
-
-
-def results(path: Path, successes: int, episodes: int, gripper: str = "dataset") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps(
-            {
-                "total_episodes": episodes,
-                "total_successes": successes,
-                "success_rate": successes / episodes,
-                "policy": {"gripper": "robosuite", "policy_gripper": gripper},
-            }
-        )
-    )
-    return path
 
 
 def _now(**delta) -> str:
@@ -395,22 +263,9 @@ def test_a_real_tiny_run_is_healthy(tmp_path):
     from tutorial_utils.train.loop import train
 
     torch.set_num_threads(1)
-    base = {
-        "policy": "mlp",
-        "image_size": 16,
-        "pool": 2,
-        "hidden_dim": 16,
-        "task_buckets": 8,
-        "batch_size": 4,
-        "steps": 8,
-        "log_freq": 1,
-        "eval_freq": 4,
-        "save_freq": 4,
-        "num_workers": 0,
-        "progress": False,
-        "scheduler_warmup_steps": 0,
-        "val_samples": 8,
-    }
+    from helpers import TINY_MLP_RUN
+
+    base = {**TINY_MLP_RUN, "steps": 8}
     source = synthetic_source(n_episodes=5, length=12, image_size=16)
     train(TrainConfig.from_overrides({**base, "output_dir": str(tmp_path / "real")}), source=source)
     diag = health.diagnose(tmp_path / "real", free_bytes=10**12)

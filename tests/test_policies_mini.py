@@ -222,6 +222,7 @@ def test_serving_adapter(tmp_path):
     assert md["gripper"] == "robosuite"  # the checkpoint's dataset convention
 
 
+@pytest.mark.slow
 def test_read_only_request_arrays_are_served_without_a_torch_warning(tmp_path):
     """msgpack-decoded arrays are read-only; the server log once carried torch's 'not writable'
     warning. Torch warns once per process, so the check runs in a fresh one."""
@@ -249,3 +250,27 @@ print(serve_policy("mini", {str(ck)!r}).infer(obs)["actions"].shape)
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "(8, 7)" in r.stdout, r.stderr[-2000:]
+
+
+def test_openpi_and_lerobot_keys_map_one_way_and_back():
+    """observation_to_batch and batch_to_observation read the one table, OPENPI_TO_BATCH."""
+    import numpy as np
+
+    from tutorial_utils.policies import base as B
+
+    rng = np.random.default_rng(0)
+    batch = {
+        B.BATCH_IMAGE: rng.integers(0, 255, (2, 8, 8, 3), dtype=np.uint8),
+        B.BATCH_WRIST: rng.integers(0, 255, (2, 8, 8, 3), dtype=np.uint8),
+        B.BATCH_STATE: rng.normal(size=(2, B.STATE_DIM)).astype(np.float32),
+        B.BATCH_TASK: ["pick", "place"],
+    }
+    obs = B.batch_to_observation(batch, 1)
+    assert set(obs) == set(B.OPENPI_TO_BATCH) == set(B.OPENPI_KEYS) and obs[B.PROMPT_KEY] == "place"
+    back = B.observation_to_batch(obs)
+    assert set(back) == set(B.OPENPI_TO_BATCH.values())
+    for key in (B.BATCH_IMAGE, B.BATCH_WRIST, B.BATCH_STATE):
+        np.testing.assert_array_equal(back[key][0], batch[key][1])
+    assert back[B.BATCH_TASK] == ["place"]
+    with pytest.raises(B.ObservationError, match="observation.state"):
+        B.batch_to_observation({k: v for k, v in batch.items() if k != B.BATCH_STATE})

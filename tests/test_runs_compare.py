@@ -2,7 +2,7 @@
 parameter diff, seeds aggregated, the curves, the best (run, checkpoint) by a metric that is
 lower-better or higher-better, and the bad inputs (an unknown metric, a run without metrics).
 
-Three crafted runs (test_health.make_run writes the files the training loop writes)::
+Three crafted runs (helpers.make_run writes the files the training loop writes)::
 
     a  seed 1, lr 1e-3   val_action_mae 0.30 @10, 0.25 @20   success 8/10 @10, 6/10 @20
     b  seed 2, lr 1e-3   val_action_mae 0.28 @10, 0.27 @20
@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from test_health import make_run, results
+from helpers import make_run, results
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.runs import checkpoints as rck
 from tutorial_utils.runs import compare as C
@@ -72,6 +72,7 @@ def _highlighted(html: str) -> set[tuple[int, int]]:
     return cells
 
 
+@pytest.mark.slow
 def test_styled_table_highlights_the_best_and_the_figure(three, tmp_path):
     cmp = C.compare(list(three))
     cols = list(cmp.table.columns)
