@@ -265,7 +265,9 @@ def evaluate(
         files.write_libero_config_script(run_dir)
         lc = libero_config_command(cfg)
         if run_step(lc, timeout=120, echo=echo, base_env=base_env) != 0:
-            raise StepFailed("libero-config", f"LIBERO's config.yaml was not written:\n{tail_text(lc.log, 12)}", run_dir)
+            raise StepFailed(
+                "libero-config", f"LIBERO's config.yaml was not written:\n{tail_text(lc.log, 12)}", run_dir
+            )
     config_yaml = cfg.serve_checkpoint.parents[1] / files.CONFIG_YAML
     if prepare and config_yaml.is_file():
         out["cosmos_fix"] = files.fix_cosmos_path(config_yaml, cfg.cosmos_dir)
