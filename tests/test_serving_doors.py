@@ -151,9 +151,10 @@ def test_min_chunk_zero_sends_the_policys_own_chunk():
 
 
 @pytest.mark.parametrize("horizon", [16, 8, 1])
-def test_dit4dit_replies_always_carry_upstreams_8_actions(horizon, caplog):
+def test_dit4dit_replies_carry_at_most_upstreams_8_actions(horizon, caplog):
     """Upstream's server always sends 8 and its client executes them all: ACT's 16 are cut to the
-    first 8, a shorter chunk is padded; the values are clipped to the env's range first."""
+    first 8, a shorter chunk goes out as it is (padding would make the client repeat an action open
+    loop); the values are clipped to the env's range first."""
     from tutorial_utils.serve.client import PolicyClient
     from tutorial_utils.serve.dit4dit_profile import ActionStatistics
 
@@ -165,12 +166,12 @@ def test_dit4dit_replies_always_carry_upstreams_8_actions(horizon, caplog):
             reply = client.infer(to_request(openpi_observation(32), "dit4dit"))
         guard = srv.server.guard
     normalized = np.asarray(reply["data"]["normalized_actions"])
-    assert normalized.shape == (1, DIT4DIT_CHUNK, 8)
+    assert normalized.shape == (1, min(DIT4DIT_CHUNK, horizon), 8)
     back = ActionStatistics.action_space().to_env(normalized[0])
-    expect = np.concatenate([chunk, np.repeat(chunk[-1:], max(0, 8 - horizon), 0)])[:8]
+    expect = chunk[:8]
     np.testing.assert_allclose(back[:, :6], np.clip(expect[:, :6], -1, 1), atol=1e-6)
     assert back[0, 1] == 1.0 and guard.clipped_values == 1
-    assert (guard.cut_replies, guard.padded_replies) == ((1, 0) if horizon > 8 else (0, 1) if horizon < 8 else (0, 0))
+    assert (guard.cut_replies, guard.padded_replies) == ((1, 0) if horizon > 8 else (0, 0))
     if horizon > 8:
         assert "replies carry its first 8" in caplog.text
 

@@ -246,8 +246,10 @@ class ActionGuard:
       says so (the first three clipped replies, then the 10th, 100th, 1000th...).
     - **The client's chunk length.** openpi: at least ``min_chunk`` actions (openpi's LIBERO loop
       asserts ``len(chunk) >= replan_steps``, default 5): a shorter chunk (SAC's one action) is padded by
-      repeating its last action. DiT4DiT: exactly :data:`DIT4DIT_CHUNK` (8; upstream's client executes
-      the whole chunk): a longer one (ACT's 16) is cut to its first 8, a shorter one padded. Each change
+      repeating its last action. DiT4DiT: at most :data:`DIT4DIT_CHUNK` (8, what upstream's server always
+      sends; its client executes the whole chunk): a longer one (ACT's 16) is cut to its first 8. A
+      shorter one goes out as it is: padding it would make the client execute a repeated action open
+      loop (the scripted expert, one action a step, then misses its grasp). Each change
       is counted (:attr:`padded_replies`, :attr:`cut_replies`), announced in the metadata
       (:meth:`metadata`) and logged once per protocol.
     """
@@ -335,7 +337,7 @@ class ActionGuard:
                     f"{big:.4g}, action dims {dims}); so far {self.clipped_values} values in {k} of {self.replies} "
                     "replies. The policy emits actions outside the env's range: check its training and statistics"
                 )
-        length = DIT4DIT_CHUNK if protocol == "dit4dit" else max(self.min_chunk, out.shape[0])
+        length = min(DIT4DIT_CHUNK, out.shape[0]) if protocol == "dit4dit" else max(self.min_chunk, out.shape[0])
         out, how = fit_chunk(out, length)
         if how == "padded":
             self.padded_replies += 1
