@@ -468,7 +468,9 @@ def test_server_killed_mid_real_evaluation(tmp_path):
         server.kill()
     assert rc != 0
     text = log.read_text()
-    assert "ServerDied" in text and "closed the connection" in text
+    # one teaching line (the CLI prints "error: <message>", no traceback): what happened and where to look
+    assert "error: " in text and "closed the connection" in text and "server.log" in text
+    assert "Traceback" not in text
     d = logs.diagnose(tmp_path)
     assert d.failed_stage == "evaluation" and any("ServerDied" in c for c in d.causes)
 
