@@ -1130,6 +1130,41 @@ def ladder_figure(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
     return fig
 
 
+def controls(zoo: dict[str, Any], target: float = 0.8):
+    """A positive control read family by family, as a pandas DataFrame indexed by family: success
+    and its 95% interval, whether the rate reached ``target``, the budget it had (steps, batch,
+    minutes), and the evidence for a family below it, all from the zoo's own curves: the
+    validation action error at the first validation, at its best and at the last one, the best
+    step and the last validated step (``falling at end``: the best validation was the last one,
+    so the error was still going down when the budget ran out), and the health findings of its
+    training run."""
+    import pandas as pd
+
+    cfg = zoo.get("config", {})
+    out = []
+    for r in zoo["rows"]:
+        val = (zoo.get("curves", {}).get(_label(r)) or {}).get("val") or []
+        errors = [v for _, v in val]
+        out.append(
+            {
+                "family": _label(r),
+                **_success_text(r),
+                f"reached {100 * target:.0f}%": (r["success_rate"] or 0.0) >= target,
+                "steps": r["steps"],
+                "batch": r.get("batch_size", cfg.get("batch_size")),
+                "train_min": r["train_min"],
+                "val_first": round(errors[0], 4) if errors else None,
+                "val_best": round(min(errors), 4) if errors else None,
+                "val_last": round(errors[-1], 4) if errors else None,
+                "best_step": r.get("best_step"),
+                "last_val_step": val[-1][0] if val else None,
+                "falling at end": bool(val) and r.get("best_step") == val[-1][0],
+                "health": ", ".join(r.get("health") or []) or "-",
+            }
+        )
+    return pd.DataFrame(out).set_index("family")
+
+
 def promote(run_dir: str | os.PathLike, prefix: str | None = None, reference: bool = False) -> list[Path]:
     """Copy a finished zoo's ``zoo.json`` (or a sweep's ``sweep.json``) into this build's
     ``_build/promoted/logs/<prefix>.json``, or with ``reference=True`` the shipped
