@@ -26,13 +26,15 @@ def _row(family: str, k: int, n: int, steps: int, best_step: int) -> dict:
         "batch_size": 16,
         "train_min": 7.0,
         "best_step": best_step,
+        "timed_s_per_step": 0.42 if family == "a" else None,
+        **({"steps_planned": 2000, "time_limited": True} if family == "b" else {}),
         "health": ["data_bound"] if family == "b" else [],
     }
 
 
 def test_controls_reads_each_family_against_the_target_with_its_validation_curve():
     z = {
-        "config": {"batch_size": 16},
+        "config": {"batch_size": 16, "train_minutes": 7.0},
         "rows": [_row("a", 18, 20, 1000, 1000), _row("b", 3, 20, 500, 250)],
         "curves": {
             "a": {"val": [[250, 0.3], [500, 0.2], [1000, 0.1]]},
@@ -44,6 +46,9 @@ def test_controls_reads_each_family_against_the_target_with_its_validation_curve
     assert df.loc["a", "success"] == "18/20 (90%)" and df.loc["a", "ci95"].startswith("[")
     assert (df.loc["a", "val_first"], df.loc["a", "val_best"], df.loc["a", "val_last"]) == (0.3, 0.1, 0.1)
     assert df.loc["a", "falling at end"] and not df.loc["b", "falling at end"]
+    assert (
+        df.loc["a", "planned"] == 1000 and df.loc["b", "planned"] == 2000 and df.loc["b", "time limit hit"]
+    )  # 7 min at 0.42 s/step
     assert df.loc["b", "last_val_step"] == 500 and df.loc["b", "health"] == "data_bound"
     assert not zoo.controls(z, target=0.95).loc["a", "reached 95%"]
 
@@ -62,6 +67,8 @@ def test_the_promoted_positive_control_has_what_chapter_9_reads():
         assert r["episodes"] == c["trials_per_task"] and r["batch_size"] == c["batch_size"]
         assert (r["ci95_low"], r["ci95_high"]) == pytest.approx(wilson(r["successes"], r["episodes"]))
         assert r["steps"] >= 1 and r["train_min"] > 0 and r["best_step"] >= 1
+        # the budget as planned, and whether the time limit cut it (the rows carry both)
+        assert r["steps_planned"] >= r["steps"] and (r["steps_planned"] > r["steps"]) == r["time_limited"]
         assert z["curves"][r["family"]]["val"] and [t["task_id"] for t in z["curves"][r["family"]]["per_task"]] == [0]
     df = zoo.controls(z)
     assert list(df.index) == [r["family"] for r in z["rows"]] and df["val_best"].notna().all()
