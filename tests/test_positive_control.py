@@ -51,9 +51,10 @@ def test_controls_reads_each_family_against_the_target_with_its_validation_curve
     )  # 7 min at 0.42 s/step
     assert df.loc["b", "last_val_step"] == 500 and df.loc["b", "health"] == "data_bound"
     assert not zoo.controls(z, target=0.95).loc["a", "reached 95%"]
+    one = {**z, "curves": {**z["curves"], "a": {"val": [[1000, 0.1]]}}}  # one validation: no trend to read
+    assert not zoo.controls(one).loc["a", "falling at end"]
 
 
-@pytest.mark.skipif(not CONTROL.is_file(), reason="no promoted positive control in logs/")
 def test_the_promoted_positive_control_has_what_chapter_9_reads():
     z = zoo.load(CONTROL)
     c, d = z["config"], z["config"]["demonstrations"]

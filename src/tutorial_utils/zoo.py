@@ -1139,8 +1139,8 @@ def controls(zoo: dict[str, Any], target: float = 0.8):
     time limit stopped it before those, on a machine busier than when it was timed; batch;
     minutes), and the evidence for a family below it, all from the zoo's own curves: the
     validation action error at the first validation, at its best and at the last one, the best
-    step and the last validated step (``falling at end``: the best validation was the last one,
-    so the error was still going down when the budget ran out), and the health findings of its
+    step and the last validated step (``falling at end``: of two or more validations, the best was
+    the last one, so the error was still going down when the budget ran out), and the health findings of its
     training run."""
     import pandas as pd
 
@@ -1169,7 +1169,7 @@ def controls(zoo: dict[str, Any], target: float = 0.8):
                 "val_last": round(errors[-1], 4) if errors else None,
                 "best_step": r.get("best_step"),
                 "last_val_step": val[-1][0] if val else None,
-                "falling at end": bool(val) and r.get("best_step") == val[-1][0],
+                "falling at end": len(val) > 1 and r.get("best_step") == val[-1][0],
                 "health": ", ".join(r.get("health") or []) or "-",
             }
         )
