@@ -378,6 +378,8 @@ def _family_row(
         "params_m": round(summary["parameters"]["total"] / 1e6, 2),
         "batch_size": summary["batch_size"],
         "steps": summary["steps_done"],
+        "steps_planned": summary.get("steps"),
+        "time_limited": bool(summary.get("time_limited")),
         "train_min": round(summary["wall_s"] / 60.0, 1),
         "samples_per_s": round(summary["samples_per_s"], 1),
         "data_wait_share": round(summary["data_wait_share"], 3),
@@ -1128,6 +1130,50 @@ def ladder_figure(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
     )
     ax.set_title(f"{rungs[0][2]['family']}: LIBERO success rate per rung (95% Wilson interval)")
     return fig
+
+
+def controls(zoo: dict[str, Any], target: float = 0.8):
+    """A positive control read family by family, as a pandas DataFrame indexed by family: success
+    and its 95% interval, whether the rate reached ``target``, the budget it had (steps done;
+    ``planned``, the steps its timed budget was turned into; ``time limit hit``: the training's
+    time limit stopped it before those, on a machine busier than when it was timed; batch;
+    minutes), and the evidence for a family below it, all from the zoo's own curves: the
+    validation action error at the first validation, at its best and at the last one, the best
+    step and the last validated step (``falling at end``: of two or more validations, the best was
+    the last one, so the error was still going down when the budget ran out), and the health findings of its
+    training run."""
+    import pandas as pd
+
+    cfg = zoo.get("config", {})
+
+    def planned(r: dict) -> int | None:  # the steps the budget was turned into (rows from before: when timed)
+        s, minutes = r.get("timed_s_per_step"), cfg.get("train_minutes")
+        return r.get("steps_planned") or (budget_steps(s, minutes) if s and minutes else None)
+
+    out = []
+    for r in zoo["rows"]:
+        val = (zoo.get("curves", {}).get(_label(r)) or {}).get("val") or []
+        errors = [v for _, v in val]
+        out.append(
+            {
+                "family": _label(r),
+                **_success_text(r),
+                f"reached {100 * target:.0f}%": (r["success_rate"] or 0.0) >= target,
+                "steps": r["steps"],
+                "planned": planned(r),
+                "time limit hit": r.get("time_limited"),
+                "batch": r.get("batch_size", cfg.get("batch_size")),
+                "train_min": r["train_min"],
+                "val_first": round(errors[0], 4) if errors else None,
+                "val_best": round(min(errors), 4) if errors else None,
+                "val_last": round(errors[-1], 4) if errors else None,
+                "best_step": r.get("best_step"),
+                "last_val_step": val[-1][0] if val else None,
+                "falling at end": len(val) > 1 and r.get("best_step") == val[-1][0],
+                "health": ", ".join(r.get("health") or []) or "-",
+            }
+        )
+    return pd.DataFrame(out).set_index("family")
 
 
 def promote(run_dir: str | os.PathLike, prefix: str | None = None, reference: bool = False) -> list[Path]:

@@ -28,6 +28,11 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
     ("logs/eval_*", "the expert's evaluation job, `python -m tutorial_utils promote eval RUN`"),
     ("assets/eval_rollout.mp4", "the expert's evaluation job, `python -m tutorial_utils promote eval RUN`"),
     ("logs/zoo_*.json", "the zoo job (`notebooks/jobs/zoo.md`), then `python -m tutorial_utils zoo promote RUN`"),
+    (
+        "logs/positive_control_*.json",
+        "the zoo job on one task from held-out starts, then `python -m tutorial_utils zoo promote RUN "
+        "--prefix positive_control_cpu`",
+    ),
     ("logs/sweep_*.json", "the sweep job (`notebooks/jobs/sweep.md`), then `python -m tutorial_utils zoo promote RUN`"),
     ("logs/expert_*.json", "`python -m tutorial_utils expert` (the scripted expert's success table and one trace)"),
     ("logs/record_bench_render.json", "`benchmarks/bench_render.py` (render profiles)"),

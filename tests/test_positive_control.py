@@ -1,0 +1,76 @@
+"""The positive control chapter 9 shows (``logs/positive_control_cpu.json``): the zoo job on one
+libero_spatial task, with demonstrations from starts the evaluation never uses, and
+``zoo.controls``, which reads it family by family."""
+
+from __future__ import annotations
+
+import pytest
+
+from tutorial_utils import paths, zoo
+from tutorial_utils.runs.checkpoints import wilson
+
+CONTROL = paths.LOGS / "positive_control_cpu.json"
+
+
+def _row(family: str, k: int, n: int, steps: int, best_step: int) -> dict:
+    lo, hi = wilson(k, n)
+    return {
+        "family": family,
+        "label": family,
+        "successes": k,
+        "episodes": n,
+        "success_rate": k / n,
+        "ci95_low": lo,
+        "ci95_high": hi,
+        "steps": steps,
+        "batch_size": 16,
+        "train_min": 7.0,
+        "best_step": best_step,
+        "timed_s_per_step": 0.42 if family == "a" else None,
+        **({"steps_planned": 2000, "time_limited": True} if family == "b" else {}),
+        "health": ["data_bound"] if family == "b" else [],
+    }
+
+
+def test_controls_reads_each_family_against_the_target_with_its_validation_curve():
+    z = {
+        "config": {"batch_size": 16, "train_minutes": 7.0},
+        "rows": [_row("a", 18, 20, 1000, 1000), _row("b", 3, 20, 500, 250)],
+        "curves": {
+            "a": {"val": [[250, 0.3], [500, 0.2], [1000, 0.1]]},
+            "b": {"val": [[250, 0.4], [500, 0.5]]},
+        },
+    }
+    df = zoo.controls(z)
+    assert df.loc["a", "reached 80%"] and not df.loc["b", "reached 80%"]
+    assert df.loc["a", "success"] == "18/20 (90%)" and df.loc["a", "ci95"].startswith("[")
+    assert (df.loc["a", "val_first"], df.loc["a", "val_best"], df.loc["a", "val_last"]) == (0.3, 0.1, 0.1)
+    assert df.loc["a", "falling at end"] and not df.loc["b", "falling at end"]
+    assert (
+        df.loc["a", "planned"] == 1000 and df.loc["b", "planned"] == 2000 and df.loc["b", "time limit hit"]
+    )  # 7 min at 0.42 s/step
+    assert df.loc["b", "last_val_step"] == 500 and df.loc["b", "health"] == "data_bound"
+    assert not zoo.controls(z, target=0.95).loc["a", "reached 95%"]
+    one = {**z, "curves": {**z["curves"], "a": {"val": [[1000, 0.1]]}}}  # one validation: no trend to read
+    assert not zoo.controls(one).loc["a", "falling at end"]
+
+
+def test_the_promoted_positive_control_has_what_chapter_9_reads():
+    z = zoo.load(CONTROL)
+    c, d = z["config"], z["config"]["demonstrations"]
+    assert z["finished"] and z["kind"] == "zoo" and z["promoted_from"]
+    # one task, at least 20 evaluated episodes, none of them from a demonstrated start
+    assert c["task_ids"] == "0" and c["trials_per_task"] >= 20 and c["train_minutes"] > 0 and c["batch_size"] >= 1
+    assert d["episodes"] >= 1 and d["eval_pairs"] == c["trials_per_task"] and d["eval_pairs_seen"] == 0
+    assert d["init_states"][0] >= c["trials_per_task"]
+    assert {r["family"] for r in z["rows"]} >= {"mini", "act"}
+    for r in z["rows"]:
+        assert r["episodes"] == c["trials_per_task"] and r["batch_size"] == c["batch_size"]
+        assert (r["ci95_low"], r["ci95_high"]) == pytest.approx(wilson(r["successes"], r["episodes"]))
+        assert r["steps"] >= 1 and r["train_min"] > 0 and r["best_step"] >= 1
+        # the budget as planned, and whether the time limit cut it (the rows carry both)
+        assert r["steps_planned"] >= r["steps"] and (r["steps_planned"] > r["steps"]) == r["time_limited"]
+        assert z["curves"][r["family"]]["val"] and [t["task_id"] for t in z["curves"][r["family"]]["per_task"]] == [0]
+    df = zoo.controls(z)
+    assert list(df.index) == [r["family"] for r in z["rows"]] and df["val_best"].notna().all()
+    assert len(zoo.ladder([(r["family"], z, r) for r in z["rows"]])) == len(z["rows"])
