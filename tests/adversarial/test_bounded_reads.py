@@ -17,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers import TINY_MLP_RUN
 from tutorial_utils.io import SmallFileError, read_json_or_empty, read_small
 from tutorial_utils.train.config import TrainConfig
 from tutorial_utils.train.data import synthetic_source
@@ -24,23 +25,7 @@ from tutorial_utils.train.loop import train
 
 torch.set_num_threads(1)
 
-BASE = {
-    "image_size": 16,
-    "pool": 2,
-    "hidden_dim": 16,
-    "task_buckets": 8,
-    "policy": "mlp",
-    "batch_size": 4,
-    "log_freq": 1,
-    "eval_freq": 100,
-    "save_freq": 100,
-    "num_workers": 0,
-    "progress": False,
-    "scheduler_warmup_steps": 0,
-    "val_fraction": 0.2,
-    "val_samples": 8,
-    "augment_shift": 0,
-}
+BASE = {**TINY_MLP_RUN, "eval_freq": 100, "save_freq": 100, "augment_shift": 0}
 
 
 # --- the reader ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import TINY_MLP_RUN
 from tutorial_utils import policies
 from tutorial_utils.runs.cli import main as runs_cli
 from tutorial_utils.runs.export import BundleError, export, verify
@@ -22,22 +23,7 @@ from tutorial_utils.train.loop import train
 
 torch.set_num_threads(1)
 
-BASE = {
-    "image_size": 16,
-    "pool": 2,
-    "hidden_dim": 16,
-    "task_buckets": 8,
-    "policy": "mlp",
-    "batch_size": 4,
-    "eval_freq": 4,
-    "save_freq": 4,
-    "num_workers": 0,
-    "progress": False,
-    "scheduler_warmup_steps": 0,
-    "val_fraction": 0.2,
-    "val_samples": 8,
-    "augment_shift": 0,
-}
+BASE = {**TINY_MLP_RUN, "augment_shift": 0}
 
 
 @pytest.fixture(scope="module")

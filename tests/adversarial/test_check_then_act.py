@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import TINY_MLP_RUN
 from tutorial_utils.errors import TutorialError
 from tutorial_utils.runs import checkpoints as rck
 from tutorial_utils.runs import control, registry
@@ -27,24 +28,7 @@ from tutorial_utils.train.loop import train
 
 torch.set_num_threads(1)
 
-BASE = {
-    "image_size": 16,
-    "pool": 2,
-    "hidden_dim": 16,
-    "task_buckets": 8,
-    "policy": "mlp",
-    "batch_size": 4,
-    "log_freq": 1,
-    "eval_freq": 4,
-    "save_freq": 4,
-    "num_workers": 0,
-    "progress": False,
-    "scheduler_warmup_steps": 0,
-    "val_fraction": 0.2,
-    "val_samples": 8,
-    "augment_shift": 0,
-    "optimizer_lr": 3e-3,
-}
+BASE = {**TINY_MLP_RUN, "augment_shift": 0, "optimizer_lr": 3e-3}
 
 
 def tree_hash(root: Path) -> str:
