@@ -230,7 +230,7 @@ def test_openpi_request_resized_and_answered_in_env_convention():
     np.testing.assert_allclose(actions[:, :6], np.tile(np.arange(6) / 10, (4, 1)), rtol=1e-6)
     np.testing.assert_array_equal(actions, dataset_action_to_env(pol.infer(obs)["actions"]))
     # DiT4DiT: upstream's normalised gripper, +1 open (the dataset's > 0) / -1 close
-    assert dit.shape == (8, 7)  # upstream's 8 actions: the 4 padded with the last one
+    assert dit.shape == (4, 7)  # the policy's own 4 actions (at most upstream's 8; a shorter chunk is not padded)
     np.testing.assert_array_equal(dit[:4, 6], np.where(DatasetGripperPolicy.GRIPPER > 0, 1.0, -1.0))
 
 
