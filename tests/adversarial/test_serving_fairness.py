@@ -18,7 +18,7 @@ from tutorial_utils.serve.client import PolicyClient
 from tutorial_utils.serve.server import MAX_ERROR_REPLY_CHARS, MAX_LOG_CHARS, ServerThread
 from tutorial_utils.serve.wire import packb, unpackb
 
-TOKEN = "hf_FairServingPlantedToken0123456789abcdef"
+TOKEN = "hf_" + "FairServingPlantedToken0123456789abcdef"  # planted fake, split for scanners
 
 
 def _connect(port: int, **kw):

