@@ -29,6 +29,7 @@ import sys
 import time
 
 import numpy as np
+from bench_serving import _pct  # the same percentile as the serving benchmark (benchmarks/ is on sys.path)
 
 from tutorial_utils.policies import base as policies
 from tutorial_utils.serve.client import PolicyClient
@@ -59,11 +60,6 @@ def _obs() -> dict:
         "observation/state": rng.normal(size=8).astype(np.float32),
         "prompt": "pick up the black bowl between the plate and the ramekin and place it on the plate",
     }
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
 def flood(port: int, seconds: float) -> None:
