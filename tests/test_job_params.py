@@ -3,6 +3,7 @@ job params --write``), and drift either way fails here: a config field missing f
 cell parameter no config declares, or a default that differs in any profile."""
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -57,7 +58,9 @@ def test_drift_is_found_both_ways_and_write_fixes_it(tmp_path, monkeypatch):
     nb_path.write_text(src.replace("seed = 7", "seed_typo = 7"), encoding="utf-8")
     assert jobs.write_parameters([nb_path], write=False) == [nb_path]
     # a default that differs in one profile only
-    nb_path.write_text(src.replace("cpu=5, gpu=50", "cpu=6, gpu=50"), encoding="utf-8")
+    line = next(x for x in src.splitlines() if x.startswith("episodes_per_task = pick("))
+    cpu = int(re.search(r"cpu=(\d+)", line).group(1))
+    nb_path.write_text(src.replace(line, line.replace(f"cpu={cpu},", f"cpu={cpu + 1},")), encoding="utf-8")
     assert jobs.write_parameters([nb_path], write=False) == [nb_path]
     assert jobs.write_parameters([nb_path], write=True) == [nb_path]
     assert nb_path.read_text(encoding="utf-8") == src  # the rest of the file kept byte for byte

@@ -190,7 +190,8 @@ def test_one_real_recorded_episode(tmp_path):
     tasks = [json.loads(x)["task"] for x in (root / "meta" / "tasks.jsonl").read_text().splitlines()]
     assert tasks == ["pick up the black bowl from table center and place it on the plate"]
     man = json.loads((root / rec.MANIFEST).read_text())
-    assert man["episodes"][0]["recorded_by"] == "replay"  # the headless search replays exactly
+    # the expert's first attempt succeeds on this start and is recorded in one pass with the cameras
+    assert man["episodes"][0]["recorded_by"] == "expert_with_cameras"
 
 
 def test_parse_task_ids_and_output_dir(tmp_path):

@@ -64,11 +64,7 @@ STAGES: list[Stage] = [
     Stage(
         "evaluate",
         "evaluate.md",
-        lambda ctx: {
-            "policy": ctx["policy"],
-            "checkpoint": ctx["checkpoint"],
-            "trials_per_task": profiles.pick(ci=1, cpu=2, gpu=50),
-        },
+        lambda ctx: {"policy": ctx["policy"], "checkpoint": ctx["checkpoint"]},
         _eval_outputs,
     ),
 ]

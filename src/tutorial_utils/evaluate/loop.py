@@ -51,7 +51,7 @@ class EvalConfig:
     task_ids: str = param(
         "0", "tasks to run: all, 0-4, 0,3 (one parser: tutorial_utils.params.parse_task_ids)", cpu="all"
     )
-    trials_per_task: int = param(1, "episodes per task (init states 0, 1, ...; the benchmark uses 50)", gpu=50)
+    trials_per_task: int = param(1, "episodes per task (init states 0, 1, ...; the benchmark uses 50)", cpu=5, gpu=50)
     seed: int = param(7, "seed of the client's numpy RNG")
     host: str = param("127.0.0.1", "policy server address (the chain starts it here)", "server")
     port: int | None = param(

@@ -49,7 +49,7 @@ class RecordConfig:
     task_ids: Any = param(
         "2", "tasks to record: all, 0-4, 0,3 or a list (tutorial_utils.params.parse_task_ids)", cpu="all"
     )
-    episodes_per_task: int = param(1, "successful episodes per task (init states offset, offset+1, ...)", cpu=5, gpu=50)
+    episodes_per_task: int = param(1, "successful episodes per task (init states offset, offset+1, ...)", cpu=15, gpu=50)
     init_state_offset: int = param(
         10,
         "first init state of each task (10: the evaluation's starts, init states 0, 1, ..., stay held out)",
@@ -124,8 +124,9 @@ def _cached_env(key: tuple, make: Callable):
     return _ENV_CACHE[key]
 
 
-def replay(env, actions: np.ndarray) -> tuple[dict[str, np.ndarray], bool, int]:
-    """Replay robosuite ``actions`` after the settle steps in a rendering env; keep non-no-op frames.
+def _rollout(env, next_action: Callable[[], np.ndarray | None]) -> tuple[dict[str, np.ndarray], bool, int]:
+    """Reset ``env``, run the settle steps, then step ``next_action()`` (robosuite actions; None
+    ends the episode) until the task succeeds, keeping the non-no-op frames for the writer.
 
     Returns (frames for the writer, success, number of no-op actions dropped).
     """
@@ -140,7 +141,7 @@ def replay(env, actions: np.ndarray) -> tuple[dict[str, np.ndarray], bool, int]:
     states, acts, prim, wrist = [], [], [], []
     dropped = 0
     success = False
-    for a in actions:
+    while (a := next_action()) is not None:
         if le.is_noop(a, prev):
             dropped += 1
         else:
@@ -163,46 +164,85 @@ def replay(env, actions: np.ndarray) -> tuple[dict[str, np.ndarray], bool, int]:
     return frames, success, dropped
 
 
+def replay(env, actions: np.ndarray) -> tuple[dict[str, np.ndarray], bool, int]:
+    """Replay robosuite ``actions`` after the settle steps in a rendering env; keep non-no-op frames.
+
+    Returns (frames for the writer, success, number of no-op actions dropped).
+    """
+    it = iter(actions)
+    return _rollout(env, lambda: next(it, None))
+
+
+def expert_with_cameras(env, attempt: int = 0, max_steps: int | None = None):
+    """Run the scripted expert closed loop in a rendering env, recording as it goes (one pass
+    instead of a headless search plus a replay). Returns (frames, success, no-ops dropped)."""
+    from tutorial_utils.sim import expert as ex
+
+    expert = ex.ScriptedExpert()
+    expert.reset(env.info, attempt=attempt)
+    budget = [env.max_steps if max_steps is None else int(max_steps)]
+
+    def act():
+        if budget[0] <= 0:
+            return None
+        budget[0] -= 1
+        return expert.act(env.privileged_observation())
+
+    return _rollout(env, act)
+
+
 def record_item(cfg: RecordConfig, item: tuple[int, int]) -> dict:
-    """Solve one (task, init state) headless, replay it with cameras. Runs in a worker."""
+    """Record one (task, init state). Runs in a worker.
+
+    The expert's first attempt runs closed loop in the rendering env and is recorded as it goes
+    (most episodes: one pass). If it fails, the expert's other attempts are searched headless
+    (cheaper without cameras) and the successful one is replayed with the cameras.
+    """
     from tutorial_utils.sim import expert as ex
     from tutorial_utils.sim import libero_env as le
 
     task_id, init = item
     t0 = time.time()
-    headless = _cached_env(("headless", task_id), lambda: le.make_env(cfg.suite, task_id, init, cameras=False))
-    headless.reset(init)
-    found = ex.solve(headless, attempts=cfg.attempts)
-    t1 = time.time()
-    out = {
-        "task_id": task_id,
-        "init_state": init,
-        "task": headless.task_language,
-        "success": bool(found.success),
-        "attempt": int(found.attempt),
-        "expert_steps": int(found.steps),
-        "search_s": round(t1 - t0, 2),
-    }
-    if not found.success:
-        return out
     cam = _cached_env(
         ("camera", task_id),
         lambda: le.make_env(cfg.suite, task_id, init, image_size=cfg.image_size, render_profile=cfg.render_profile),
     )
     cam.reset(init)
-    frames, ok, dropped = replay(cam, found.actions)
-    how = "replay"
-    if not ok:  # the replay diverged (tiny state differences between reused envs): run closed loop
-        res = ex.run_episode(cam, attempt=found.attempt)
-        frames, ok, dropped = replay(cam, res.actions) if res.success else (frames, False, dropped)
-        how = "closed_loop_with_cameras"
+    frames, ok, dropped = expert_with_cameras(cam, attempt=0)
+    out = {"task_id": task_id, "init_state": init, "task": cam.task_language}
+    if ok:
+        out.update(
+            success=True,
+            attempt=0,
+            expert_steps=int(len(frames["action"]) + dropped),
+            search_s=0.0,
+            recorded_by="expert_with_cameras",
+        )
+    else:
+        t_search = time.time()
+        headless = _cached_env(("headless", task_id), lambda: le.make_env(cfg.suite, task_id, init, cameras=False))
+        headless.reset(init)
+        found = ex.solve(headless, attempts=cfg.attempts)
+        out.update(
+            success=bool(found.success),
+            attempt=int(found.attempt),
+            expert_steps=int(found.steps),
+            search_s=round(time.time() - t_search, 2),
+        )
+        if not found.success:
+            return out
+        cam.reset(init)
+        frames, ok, dropped = replay(cam, found.actions)
+        out["recorded_by"] = "replay"
+        if not ok:  # the replay diverged (tiny state differences between envs): that attempt closed loop
+            frames, ok, dropped = expert_with_cameras(cam, attempt=found.attempt)
+            out["recorded_by"] = "expert_with_cameras"
     out.update(
         success=bool(ok),
         frames=frames if ok else None,
         noops_dropped=int(dropped),
-        recorded_by=how,
         length=int(len(frames["action"])),
-        replay_s=round(time.time() - t1, 2),
+        record_s=round(time.time() - t0, 2),
     )
     return out
 

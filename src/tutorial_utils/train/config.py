@@ -84,7 +84,7 @@ class TrainConfig:
     steps: int = _p(
         2,
         "total optimisation steps (alias max_train_steps). Start near 10k and adjust from the validation curve",
-        cpu=5000,
+        cpu=10000,
         gpu=20000,
     )
     seed: int = _p(42, "seed of the weights, the data order and the noise: same seed, same run")
