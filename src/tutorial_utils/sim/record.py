@@ -49,7 +49,9 @@ class RecordConfig:
     task_ids: Any = param(
         "2", "tasks to record: all, 0-4, 0,3 or a list (tutorial_utils.params.parse_task_ids)", cpu="all"
     )
-    episodes_per_task: int = param(1, "successful episodes per task (init states offset, offset+1, ...)", cpu=15, gpu=50)
+    episodes_per_task: int = param(
+        1, "successful episodes per task (init states offset, offset+1, ...)", cpu=15, gpu=50
+    )
     init_state_offset: int = param(
         10,
         "first init state of each task (10: the evaluation's starts, init states 0, 1, ..., stay held out)",
