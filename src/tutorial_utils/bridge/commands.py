@@ -62,24 +62,30 @@ class BackendParams:
     backend: str = param(
         "mini", "mini (this project's policies, any machine) | dit4dit (upstream checkout, GPU)", "backend"
     )
-    checkout: str = param("", "dit4dit: the upstream checkout root (holds DiT4DiT/, deployment/, examples/)", "backend")
-    models_dir: str = param("", "dit4dit: folder holding dit4dit-model/ and Cosmos-Predict2.5-2B/", "backend")
-    data_dir: str = param("", "dit4dit: folder holding the dataset folders (upstream's data_root_dir)", "backend")
-    runs_dir: str = param("", "dit4dit: where new run directories go (empty: the project's runs/)", "backend")
-    model_python: str = param(
-        "",
-        "dit4dit: the Python with upstream's packages, e.g. ~/envs/dit4dit/bin/python (empty: `python` on PATH)",
+    checkout: str | None = param(
+        None, "dit4dit: the upstream checkout root (holds DiT4DiT/, deployment/, examples/)", "backend"
+    )
+    models_dir: str | None = param(None, "dit4dit: folder holding dit4dit-model/ and Cosmos-Predict2.5-2B/", "backend")
+    data_dir: str | None = param(
+        None, "dit4dit: folder holding the dataset folders (upstream's data_root_dir)", "backend"
+    )
+    runs_dir: str | None = param(None, "where the new run directory goes (None: the project's runs/)", "backend")
+    model_python: str | None = param(
+        None,
+        "dit4dit: the Python with upstream's packages, e.g. ~/envs/dit4dit/bin/python (None: `python` on PATH)",
         "backend",
     )
-    accelerate: str = param(
-        "",
-        "dit4dit: upstream's accelerate executable (empty: the one beside model_python, else "
+    accelerate: str | None = param(
+        None,
+        "dit4dit: upstream's accelerate executable (None: the one beside model_python, else "
         "`model_python -m accelerate.commands.launch`)",
         "backend",
     )
-    libero_python: str = param("", "dit4dit: the Python with LIBERO for upstream's client (empty: this one)", "backend")
-    libero_home: str = param(
-        "", "dit4dit: the LIBERO checkout root, put on the client's PYTHONPATH (empty: LIBERO installed)", "backend"
+    libero_python: str | None = param(
+        None, "dit4dit: the Python with LIBERO for upstream's client (None: this project's client)", "backend"
+    )
+    libero_home: str | None = param(
+        None, "dit4dit: the LIBERO checkout root, put on the client's PYTHONPATH (None: LIBERO installed)", "backend"
     )
     num_processes: int = param(1, "dit4dit: training processes, one GPU each (accelerate --num_processes)", "backend")
     smoke: bool = param(
