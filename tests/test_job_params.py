@@ -106,6 +106,23 @@ def test_profile_values_keep_none_as_a_value():
     assert "ci `20`, cpu `None`, gpu `None`" in params.markdown_table(C)
 
 
+def test_parameter_tables_show_the_aliases_column_only_when_it_has_content():
+    from tutorial_utils.train.config import parameters_table
+
+    @dataclasses.dataclass
+    class C:
+        lr: float = params.param(1e-4, "peak learning rate")
+
+    plain = params.markdown_table(C).splitlines()
+    assert plain[0] == "| parameter | type | default | meaning |" and len(plain) == 3
+    assert params.markdown_table(C, {"learning_rate": "lr"}).splitlines()[2].count("`learning_rate`") == 1
+    assert params.markdown_table(C, aliases_column=True).splitlines()[0].count("|") == 6
+    # the train table and its family's rows share one header (with aliases: the family's rows have it too)
+    rows = parameters_table("mini").splitlines()
+    assert "aliases" in rows[0] and all(r.startswith("| `") for r in rows[2:])
+    assert any(r.startswith("| `policy.") and " |  | " in r for r in rows)  # a family row's empty aliases cell
+
+
 def test_the_facts_the_code_cites_are_in_the_repository():
     """Comments cite ``docs/FACTS.md section N``: the file is here and has every cited section."""
     import re

@@ -239,16 +239,21 @@ def default_text(profiles: Mapping[str, Any]) -> str:
     return ", ".join(f"{k} `{v!r}`" for k, v in profiles.items())
 
 
-def markdown_table(cls, aliases: Mapping[str, str] | None = None, prefix: str = "") -> str:
+def markdown_table(
+    cls, aliases: Mapping[str, str] | None = None, prefix: str = "", aliases_column: bool | None = None
+) -> str:
     """The book's and ``--list-params``' table: parameter, type, default (each profile's where
-    they differ), aliases, meaning."""
-    lines = ["| parameter | type | default | aliases | meaning |", "|---|---|---|---|---|"]
-    for r in fields_info(cls, aliases):
-        al = ", ".join(f"`{a}`" for a in r["aliases"])
-        lines.append(
-            f"| `{prefix}{r['name']}` | {r['type'].replace(' | ', ' or ')} | {default_text(r['profiles'])} | {al} "
-            f"| {r['help']} |"
-        )
+    they differ), aliases, meaning. ``aliases_column`` None: the aliases column only when a
+    parameter has one (an empty column costs the page width the meanings need)."""
+    rows = fields_info(cls, aliases)
+    with_aliases = any(r["aliases"] for r in rows) if aliases_column is None else aliases_column
+    head = ["parameter", "type", "default", *(["aliases"] if with_aliases else []), "meaning"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [f"`{prefix}{r['name']}`", r["type"].replace(" | ", " or "), default_text(r["profiles"])]
+        if with_aliases:
+            cells.append(", ".join(f"`{a}`" for a in r["aliases"]))
+        lines.append("| " + " | ".join([*cells, r["help"]]) + " |")
     return "\n".join(lines)
 
 

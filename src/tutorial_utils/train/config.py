@@ -395,6 +395,8 @@ def parameters_table(family: str = "mini") -> str:
     """Markdown table of every training parameter and the family's, defaults, aliases, meaning."""
     from tutorial_utils import policies
 
-    own = params.markdown_table(TrainConfig, ALIASES)
-    fam = params.markdown_table(policies.family(family).config_class, prefix="policy.").splitlines()[2:]
+    own = params.markdown_table(TrainConfig, ALIASES, aliases_column=True)
+    fam = params.markdown_table(
+        policies.family(family).config_class, prefix="policy.", aliases_column=True
+    ).splitlines()[2:]
     return "\n".join([own, *fam])
