@@ -31,7 +31,7 @@ import pytest
 PACKAGE = "tutorial_utils"
 ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
-PLUMBING = ("paths", "io", "profiles", "secrets", "errors", "params", "logs", "machine", "jobs", "facts")
+PLUMBING = ("paths", "io", "profiles", "secrets", "errors", "params", "logs", "jobs", "facts")
 STAGES = ("hub", "data", "sim", "policies", "bridge", "train", "serve", "evaluate", "runs", "report")
 ORCHESTRATION = ("pipeline", "zoo", "cli", "__main__")
 

@@ -11,7 +11,7 @@ import sys
 
 #: command -> (module, help). Each module defines ``main(argv: list[str]) -> int``.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": ("tutorial_utils.machine", "check this machine: accelerators, VRAM, disk, tokens, proxy, GL"),
+    "doctor": ("tutorial_utils.report.doctor", "check this machine: accelerators, VRAM, disk, tokens, proxy, GL"),
     "job": ("tutorial_utils.jobs", "run a job notebook with papermill (`job run NOTEBOOK -p key value`)"),
     "book": ("tutorial_utils.report.book", "notebook twins, book build, page checks"),
     "hub": ("tutorial_utils.hub.cli", "plan, download and verify the official chain's Hub assets"),

@@ -21,8 +21,9 @@ import yaml
 
 from conftest import write_notebook
 from helpers import wait_for
-from tutorial_utils import jobs, logs, machine, secrets
+from tutorial_utils import jobs, logs, secrets
 from tutorial_utils.io import promote_text
+from tutorial_utils.report import doctor
 
 FAKE = "hf_" + "PlantedFakeTokenForHostileTestsQwE"  # hf_ and 34 letters, the shape of a real token
 PROXY_PASS = "pr0xy@pa/ss"
@@ -119,7 +120,7 @@ HOSTILE_ENV = {
 def test_doctor_masks_proxy_passwords_token_user_names_and_hf_endpoint(monkeypatch):
     for k, v in HOSTILE_ENV.items():
         monkeypatch.setenv(k, v)
-    hub = machine.hub_settings()
+    hub = doctor.hub_settings()
     assert hub["HTTPS_PROXY"] == "http://me:***@proxy.local:3128"  # a plain user name stays
     assert hub["HTTP_PROXY"] == "http://***@proxy.local:3128"  # a token as the user name
     assert hub["ALL_PROXY"] == "http://***@proxy.local:1080"

@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from tutorial_utils.data.libero_schema import is_noop  # noqa: F401  (le.is_noop: the recorder's rule)
+from tutorial_utils.sim import gl
+from tutorial_utils.sim.gl import GL_PACKAGES
 
 #: Suites and their episode step limits (FACTS section 5).
 MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
@@ -46,8 +48,6 @@ NUM_STEPS_WAIT = 10
 SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
 RENDER_PROFILES = ("reference", "fast")
 GL_BACKENDS = ("egl", "osmesa")
-#: Debian packages per backend (the same table as ``tutorial_utils.machine``).
-GL_PACKAGES = {"egl": "libegl1 libegl-mesa0 libgl1-mesa-dri", "osmesa": "libosmesa6"}
 #: Comma-separated backends to try instead of ``egl,osmesa`` (``none`` simulates a machine without GL).
 GL_BACKENDS_ENV = "TUTORIAL_GL_BACKENDS"
 CAMERAS = ("agentview", "robot0_eye_in_hand")
@@ -151,10 +151,8 @@ def _candidates() -> list[str]:
 
 
 def probe_gl(backend: str) -> tuple[bool, str]:
-    """Try one backend in a child process (delegates to ``tutorial_utils.machine.probe_gl``)."""
-    from tutorial_utils import machine
-
-    return machine.probe_gl(backend)
+    """Try one backend in a child process (:func:`tutorial_utils.sim.gl.probe_gl`)."""
+    return gl.probe_gl(backend)
 
 
 def detect_gl_backend(force: bool = False) -> str:

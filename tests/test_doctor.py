@@ -2,8 +2,9 @@ import os
 
 import pytest
 
-from tutorial_utils import machine
-from tutorial_utils.machine import Accelerator
+from tutorial_utils.report import doctor
+from tutorial_utils.report.doctor import Accelerator
+from tutorial_utils.sim import gl
 
 
 def _gpu(gb):
@@ -22,22 +23,22 @@ def _gpu(gb):
     ],
 )
 def test_vram_verdict(accs, level, needle):
-    got, msg = machine.vram_verdict(accs)
+    got, msg = doctor.vram_verdict(accs)
     assert got == level and needle in msg
 
 
 def test_accelerators_fall_back_to_the_cpu(monkeypatch):
     """With no GPU found by NVML or nvidia-smi (and torch not asked), the one accelerator is the CPU."""
-    monkeypatch.setattr(machine, "_nvml", lambda: [])
-    monkeypatch.setattr(machine, "_nvidia_smi", lambda: [])
-    accs = machine.accelerators(use_torch=False)
+    monkeypatch.setattr(doctor, "_nvml", lambda: [])
+    monkeypatch.setattr(doctor, "_nvidia_smi", lambda: [])
+    accs = doctor.accelerators(use_torch=False)
     assert [a.kind for a in accs] == ["cpu"]
-    assert machine.vram_verdict(accs)[0] == "none"
+    assert doctor.vram_verdict(accs)[0] == "none"
 
 
 def test_disk_plan_warns_before_no_space_left(tmp_path, monkeypatch):
-    monkeypatch.setitem(machine.DISK_NEEDS_GB, "mini", {"models": 0.0, "data": 1e6, "runs": 1e6})
-    roles = machine.disk_plan("mini", {"models": tmp_path / "m", "data": tmp_path / "d", "runs": tmp_path / "r"})
+    monkeypatch.setitem(doctor.DISK_NEEDS_GB, "mini", {"models": 0.0, "data": 1e6, "runs": 1e6})
+    roles = doctor.disk_plan("mini", {"models": tmp_path / "m", "data": tmp_path / "d", "runs": tmp_path / "r"})
     bad = [r for r in roles if not r.ok]
     assert {r.role for r in bad} >= {"data", "runs"}
     data = next(r for r in roles if r.role == "data")
@@ -47,16 +48,16 @@ def test_disk_plan_warns_before_no_space_left(tmp_path, monkeypatch):
 
 def test_disk_plan_rejects_an_unknown_backend():
     with pytest.raises(ValueError, match="unknown backend 'tpu'"):
-        machine.disk_plan("tpu")
+        doctor.disk_plan("tpu")
 
 
 def test_proxy_credentials_are_masked(monkeypatch):
     monkeypatch.setenv("HTTPS_PROXY", "http://me:s3cret@proxy:7890")
-    assert machine.hub_settings()["HTTPS_PROXY"] == "http://me:***@proxy:7890"
+    assert doctor.hub_settings()["HTTPS_PROXY"] == "http://me:***@proxy:7890"
 
 
 def test_gl_verdict_names_the_debian_packages():
-    pick, msg = machine.gl_verdict(
+    pick, msg = gl.gl_verdict(
         {"egl": {"ok": False, "detail": "x", "package": ""}, "osmesa": {"ok": False, "detail": "y", "package": ""}}
     )
     assert pick is None and "libosmesa6" in msg and "libegl1" in msg
@@ -64,13 +65,13 @@ def test_gl_verdict_names_the_debian_packages():
 
 def test_gl_probe_rejects_unknown_backends():
     with pytest.raises(ValueError, match="unknown GL backend"):
-        machine.probe_gl("vulkan")
+        gl.probe_gl("vulkan")
 
 
 @pytest.mark.libero
 def test_an_offscreen_gl_backend_works_here():
-    results = machine.gl_backends()
-    pick, msg = machine.gl_verdict(results)
+    results = gl.gl_backends()
+    pick, msg = gl.gl_verdict(results)
     assert pick is not None, msg
 
 
@@ -85,12 +86,12 @@ def test_gl_verdict_tells_a_missing_python_module_from_a_missing_system_library(
         "sys.meta_path.insert(0, _Block())\n"
     )
     monkeypatch.setenv("PYTHONPATH", f"{blocker}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    results = machine.gl_backends()
+    results = gl.gl_backends()
     assert all(not r["ok"] and r["kind"] == "module" for r in results.values()), results
-    pick, msg = machine.gl_verdict(results)
+    pick, msg = gl.gl_verdict(results)
     assert pick is None and "pip install mujoco" in msg and "apt-get" not in msg
     # a system library that is missing keeps the Debian hint
     lib = {"ok": False, "detail": "OSError: libEGL.so.1: cannot open shared object file", "package": ""}
-    pick, msg = machine.gl_verdict({"egl": lib, "osmesa": dict(lib, detail="AttributeError: 'NoneType' ...")})
+    pick, msg = gl.gl_verdict({"egl": lib, "osmesa": dict(lib, detail="AttributeError: 'NoneType' ...")})
     assert pick is None and "apt-get install" in msg and "pip install" not in msg
-    assert machine.gl_failure_kind("ModuleNotFoundError: No module named 'mujoco._render'") == ("module", "mujoco")
+    assert gl.gl_failure_kind("ModuleNotFoundError: No module named 'mujoco._render'") == ("module", "mujoco")
