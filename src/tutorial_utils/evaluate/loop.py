@@ -75,7 +75,12 @@ class EvalConfig:
     recv_timeout: float = param(120.0, "seconds the client waits for one reply")
     server_timeout: float = param(300.0, "seconds the chain waits for the server's /healthz", "server")
     client_timeout: float | None = param(None, "seconds the chain lets the client run (None: no limit)", "server")
-    workers: int = param(1, "LIBERO client processes against the one policy server (each renders its own env)")
+    workers: int = param(
+        1,
+        "LIBERO client processes against the one policy server (each renders its own env; the episodes and "
+        "their log lines are the same for any count: benchmarks/bench_eval_workers.py)",
+        cpu=2,
+    )
     shard: int = param(0, "which part of the (task, trial) episodes this run evaluates: 0..num_shards-1")
     num_shards: int = param(
         1, "parts the episodes are split into, one run each (a SLURM array); join them with `eval merge`"
