@@ -13,6 +13,8 @@ from tutorial_utils.errors import ConfigError
 
 def test_families_are_checked_with_a_teaching_error():
     assert zoo.parse_families(" mini, act ") == ["mini", "act"]
+    # a trainable family outside the comparison may run (the positive control names mlp)
+    assert "mlp" not in zoo.comparison_families() and zoo.parse_families("mini,mlp") == ["mini", "mlp"]
     with pytest.raises(ConfigError, match="'nosuch' is not in the zoo.*trainable families: .*act"):
         zoo.parse_families("mini,nosuch")
     with pytest.raises(ConfigError, match="'tdmpc' is not in the zoo.*reinforcement learning"):

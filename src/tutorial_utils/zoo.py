@@ -117,8 +117,10 @@ def catalog():
 
 
 def parse_families(text: str | None) -> list[str]:
-    """``"mini,act"`` -> ``["mini", "act"]``, None -> every family of the comparison; an unknown or
-    untrainable name is a clear error."""
+    """``"mini,act"`` -> ``["mini", "act"]``, None -> every family of the comparison. A trainable
+    family outside the comparison (``mlp``, for a positive control) may be named; an unknown or
+    untrainable name, or a family that has only run as a smoke test (its ``what_ran``: TD-MPC,
+    SAC), is a clear error."""
     from tutorial_utils import policies
 
     families = comparison_families()
@@ -129,6 +131,8 @@ def parse_families(text: str | None) -> list[str]:
         raise ConfigError(f"families={text!r}: name at least one of {', '.join(families)}")
     for n in names:
         if n not in families:
+            if n in policies.trainable() and not getattr(policies.family(n), "what_ran", ""):
+                continue
             if n in policies.trainable():
                 cls = policies.family(n)
                 group = (cls.catalog or {}).get("group")
