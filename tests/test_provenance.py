@@ -114,7 +114,9 @@ def test_the_main_job_evaluates_only_init_states_the_recording_did_not_use(profi
     rec = jobs.default_parameters(jupytext.read(REPO / "notebooks" / "jobs" / "record_demos.md"), profile)
     record_stage, _, eval_stage = pipeline.STAGES
     rec.update(record_stage.params({}))
-    trials = eval_stage.params({"policy": "mini", "checkpoint": "x"})["trials_per_task"]
+    ev = jobs.default_parameters(jupytext.read(REPO / "notebooks" / "jobs" / "evaluate.md"), profile)
+    ev.update(eval_stage.params({"policy": "mini", "checkpoint": "x"}))  # the stage's own overrides, if any
+    trials = ev["trials_per_task"]
     recorded = set(range(rec["init_state_offset"], rec["init_state_offset"] + rec["episodes_per_task"]))
     assert recorded and not recorded & set(range(trials)), (recorded, trials)
 
