@@ -7,6 +7,7 @@ The token comes only from the environment (``HF_TOKEN``) or ``hf auth login``; t
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from tutorial_utils.errors import TutorialError, error_text
@@ -95,6 +96,10 @@ def _serve(asset: str, source: str | None, port: int) -> int:
     except TutorialError as exc:
         print(error_text(exc), file=sys.stderr)
         return 1
+    # Ctrl-C (SIGINT) and SIGTERM stop the server even when it was started from a context that
+    # ignores SIGINT (a background job of a script, nohup): Python keeps an inherited SIG_IGN
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with hub:
         print(f"serving {source} as {asset} on a local stand-in for the Hub: {hub.url}", flush=True)
         print(f"use it with --endpoint {hub.url} (or HF_ENDPOINT={hub.url}); Ctrl-C stops it", flush=True)
