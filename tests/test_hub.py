@@ -469,7 +469,10 @@ def test_cli_serve_then_plan_against_it(tmp_path):
 
     src = generate_dataset(tmp_path / "src", n_episodes=1, mean_length=4, image_size=32)
     cmd = [sys.executable, "-m", "tutorial_utils", "hub", "serve", "dataset:libero_spatial", "--source", str(src)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    # started with SIGINT ignored, as a background job of a script or nohup starts it: Ctrl-C must still stop it
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)
+    )
     try:
         line = proc.stdout.readline()
         assert "local stand-in for the Hub" in line
