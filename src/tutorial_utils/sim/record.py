@@ -126,9 +126,9 @@ def _cached_env(key: tuple, make: Callable):
     return _ENV_CACHE[key]
 
 
-def _rollout(env, next_action: Callable[[], np.ndarray | None]) -> tuple[dict[str, np.ndarray], bool, int]:
-    """Reset ``env``, run the settle steps, then step ``next_action()`` (robosuite actions; None
-    ends the episode) until the task succeeds, keeping the non-no-op frames for the writer.
+def replay(env, actions: Iterable[np.ndarray]) -> tuple[dict[str, np.ndarray], bool, int]:
+    """Reset ``env``, run the settle steps, then step robosuite ``actions`` until the task succeeds,
+    keeping the non-no-op frames. ``actions`` may be lazy: each one is drawn after the previous step.
 
     Returns (frames for the writer, success, number of no-op actions dropped).
     """
@@ -143,7 +143,7 @@ def _rollout(env, next_action: Callable[[], np.ndarray | None]) -> tuple[dict[st
     states, acts, prim, wrist = [], [], [], []
     dropped = 0
     success = False
-    while (a := next_action()) is not None:
+    for a in actions:
         if le.is_noop(a, prev):
             dropped += 1
         else:
@@ -166,31 +166,15 @@ def _rollout(env, next_action: Callable[[], np.ndarray | None]) -> tuple[dict[st
     return frames, success, dropped
 
 
-def replay(env, actions: np.ndarray) -> tuple[dict[str, np.ndarray], bool, int]:
-    """Replay robosuite ``actions`` after the settle steps in a rendering env; keep non-no-op frames.
-
-    Returns (frames for the writer, success, number of no-op actions dropped).
-    """
-    it = iter(actions)
-    return _rollout(env, lambda: next(it, None))
-
-
-def expert_with_cameras(env, attempt: int = 0, max_steps: int | None = None):
+def expert_with_cameras(env, attempt: int = 0) -> tuple[dict[str, np.ndarray], bool, int]:
     """Run the scripted expert closed loop in a rendering env, recording as it goes (one pass
-    instead of a headless search plus a replay). Returns (frames, success, no-ops dropped)."""
+    instead of a headless search plus a replay): :func:`replay` of the expert's actions, each
+    computed from the state the previous one left. Returns (frames, success, no-ops dropped)."""
     from tutorial_utils.sim import expert as ex
 
     expert = ex.ScriptedExpert()
     expert.reset(env.info, attempt=attempt)
-    budget = [env.max_steps if max_steps is None else int(max_steps)]
-
-    def act():
-        if budget[0] <= 0:
-            return None
-        budget[0] -= 1
-        return expert.act(env.privileged_observation())
-
-    return _rollout(env, act)
+    return replay(env, (expert.act(env.privileged_observation()) for _ in range(env.max_steps)))
 
 
 def record_item(cfg: RecordConfig, item: tuple[int, int]) -> dict:
