@@ -37,7 +37,6 @@ import numpy as np
 
 from tutorial_utils.data.libero_schema import is_noop  # noqa: F401  (le.is_noop: the recorder's rule)
 from tutorial_utils.sim import gl
-from tutorial_utils.sim.gl import GL_PACKAGES
 
 #: Suites and their episode step limits (FACTS section 5).
 MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
@@ -171,7 +170,7 @@ def detect_gl_backend(force: bool = False) -> str:
         cands.insert(0, preset)
     tried: list[str] = []
     for backend in cands:
-        if backend not in GL_PACKAGES:
+        if backend not in gl.GL_PACKAGES:
             tried.append(f"{backend}: unknown backend (use egl or osmesa)")
             continue
         ok, detail = probe_gl(backend)
@@ -181,7 +180,7 @@ def detect_gl_backend(force: bool = False) -> str:
             _GL_CHOICE = backend
             return backend
         tried.append(f"{backend}: {detail}")
-    pkgs = " ".join(GL_PACKAGES.values())
+    pkgs = " ".join(gl.GL_PACKAGES.values())
     raise GLBackendError(
         "no offscreen OpenGL backend works for MuJoCo (tried "
         + ("; ".join(tried) if tried else f"none: {GL_BACKENDS_ENV}={os.environ.get(GL_BACKENDS_ENV)!r}")
