@@ -129,19 +129,20 @@ def parse_families(text: str | None) -> list[str]:
     names = [n.strip() for n in str(text).split(",") if n.strip()]
     if not names:
         raise ConfigError(f"families={text!r}: name at least one of {', '.join(families)}")
+    trainable = policies.trainable()
     for n in names:
         if n not in families:
-            if n in policies.trainable() and not getattr(policies.family(n), "what_ran", ""):
-                continue
-            if n in policies.trainable():
-                cls = policies.family(n)
+            cls = policies.family(n) if n in trainable else None
+            if cls is not None and not getattr(cls, "what_ran", ""):
+                continue  # trainable and trained here, outside the comparison (mlp)
+            if cls is not None:
                 group = (cls.catalog or {}).get("group")
                 other = (
                     f"it is built here{f' ({group})' if group else ''} but not part of the comparison. "
                     f"{getattr(cls, 'what_ran', '')}".strip()
                 )
             else:
-                other = f"trainable families: {', '.join(policies.trainable())}"
+                other = f"trainable families: {', '.join(trainable)}"
             raise ConfigError(f"families: {n!r} is not in the zoo's comparison ({', '.join(families)}); {other}")
     if len(set(names)) != len(names):
         raise ConfigError(f"families={text!r} names a family twice")
