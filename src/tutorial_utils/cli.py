@@ -24,7 +24,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "expert": ("tutorial_utils.sim.expert", "the scripted expert's success table over tasks and init states"),
     "serve": ("tutorial_utils.serve.cli", "run a websocket policy server"),
     "eval": ("tutorial_utils.evaluate.cli", "run the LIBERO evaluation client"),
+    "openloop": (
+        "tutorial_utils.evaluate.openloop",
+        "replay demonstrations through a checkpoint: action error, and whether it reads its cameras or its state",
+    ),
     "train": ("tutorial_utils.train.cli", "train a policy family (mini, mlp, ...)"),
+    "lerobot-train": (
+        "tutorial_utils.train.lerobot_loop",
+        "train a LeRobot family with LeRobot's own training loop on our recording; save a checkpoint we serve",
+    ),
     "runs": ("tutorial_utils.runs.cli", "list, stop, pause, resume, roll back, copy, delete and export runs"),
     "pipeline": (
         "tutorial_utils.pipeline",

@@ -152,6 +152,12 @@ class ACTConfig:
     n_vae_encoder_layers: int = param(2, "layers of the CVAE encoder, used only while training (LeRobot: 4)", "model")
     kl_weight: float = param(10.0, "weight of the KL term of the CVAE loss (LeRobot: 10)", "model")
     dropout: float = param(0.1, "dropout in the transformer layers", "model")
+    use_state: bool = param(
+        True,
+        "feed the robot state (eef pose, gripper) to the model as well as the cameras (LeRobot: yes when the "
+        "dataset has it). False: cameras only, so the policy cannot steer by its own arm pose alone",
+        "model",
+    )
 
     @property
     def action_horizon(self) -> int:
@@ -173,7 +179,7 @@ class ACTConfig:
             )
 
     def lerobot_kwargs(self) -> dict:
-        return _same_names(self, skip=("image_size",))
+        return _same_names(self, skip=("image_size", "use_state"))
 
 
 def _same_names(cfg: Any, skip: tuple[str, ...]) -> dict:
@@ -518,14 +524,15 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
                 raise PolicyUnavailable(f"policy {self.name!r}: {INSTALL_HINT} ({exc})") from None
             raise
         s = self.cfg.image_size
-        self.features = {cam: (3, s, s) for cam in self.cameras} | {
-            BATCH_STATE: (STATE_DIM,),
-            BATCH_ACTION: (ACTION_DIM,),
-        }
+        self.features = {cam: (3, s, s) for cam in self.cameras}
+        if self.uses_state:
+            self.features[BATCH_STATE] = (STATE_DIM,)
+        self.features[BATCH_ACTION] = (ACTION_DIM,)
         # registered before the policy, so a checkpoint of other features names them first
         self.lerobot_features = _feature_record(self.features)
         inputs = {self.lerobot_key(cam): PolicyFeature(FeatureType.VISUAL, (3, s, s)) for cam in self.cameras}
-        inputs[BATCH_STATE] = PolicyFeature(FeatureType.STATE, (STATE_DIM,))
+        if self.uses_state:
+            inputs[BATCH_STATE] = PolicyFeature(FeatureType.STATE, (STATE_DIM,))
         outputs = {BATCH_ACTION: PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))}
         self.lerobot_config = make_policy_config(
             self.lerobot_type,
@@ -543,6 +550,12 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
     @property
     def cameras(self) -> tuple[str, ...]:
         return (BATCH_IMAGE, BATCH_WRIST)
+
+    @property
+    def uses_state(self) -> bool:
+        """Whether LeRobot's model reads ``observation.state`` (a family's ``use_state``; default yes).
+        Without it the state still travels in the batch (the seam's requests carry it), unread."""
+        return bool(getattr(self.cfg, "use_state", True))
 
     def lerobot_key(self, camera: str) -> str:
         """The name LeRobot's policy reads ``camera`` under (the same name, except TD-MPC's one image)."""
@@ -810,6 +823,8 @@ def from_lerobot_pretrained(directory, statistics: Mapping[str, Any], family: st
         raise CheckpointError(f"{d / 'config.json'}: no VISUAL input feature; this project's families read cameras")
     shape = shapes[0]
     cfg["image_size"] = int(shape[1] if shape[0] == 3 else shape[0])  # (3, S, S), or (S, S, 3) from "rgb" names
+    if "use_state" in fields:  # LeRobot reads the state when its config lists it as an input
+        cfg["use_state"] = BATCH_STATE in (theirs.get("input_features") or {})
     if isinstance(cfg.get("down_dims"), list):
         cfg["down_dims"] = [int(x) for x in cfg["down_dims"]]
     if "crop_shape" in theirs and "crop_ratio" in fields:
