@@ -1,12 +1,13 @@
 """The positive control chapter 9 shows (``logs/positive_control_cpu.json``): the zoo job on one
 libero_spatial task, with demonstrations from starts the evaluation never uses, and
-``zoo.controls``, which reads it family by family."""
+``zoo_results.controls``, which reads it family by family."""
 
 from __future__ import annotations
 
 import pytest
 
-from tutorial_utils import paths, zoo
+from tutorial_utils import paths
+from tutorial_utils.report import zoo_results
 from tutorial_utils.runs.checkpoints import wilson
 
 CONTROL = paths.LOGS / "positive_control_cpu.json"
@@ -41,7 +42,7 @@ def test_controls_reads_each_family_against_the_target_with_its_validation_curve
             "b": {"val": [[250, 0.4], [500, 0.5]]},
         },
     }
-    df = zoo.controls(z)
+    df = zoo_results.controls(z)
     assert df.loc["a", "reached 80%"] and not df.loc["b", "reached 80%"]
     assert df.loc["a", "success"] == "18/20 (90%)" and df.loc["a", "ci95"].startswith("[")
     assert (df.loc["a", "val_first"], df.loc["a", "val_best"], df.loc["a", "val_last"]) == (0.3, 0.1, 0.1)
@@ -50,13 +51,13 @@ def test_controls_reads_each_family_against_the_target_with_its_validation_curve
         df.loc["a", "planned"] == 1000 and df.loc["b", "planned"] == 2000 and df.loc["b", "time limit hit"]
     )  # 7 min at 0.42 s/step
     assert df.loc["b", "last_val_step"] == 500 and df.loc["b", "health"] == "data_bound"
-    assert not zoo.controls(z, target=0.95).loc["a", "reached 95%"]
+    assert not zoo_results.controls(z, target=0.95).loc["a", "reached 95%"]
     one = {**z, "curves": {**z["curves"], "a": {"val": [[1000, 0.1]]}}}  # one validation: no trend to read
-    assert not zoo.controls(one).loc["a", "falling at end"]
+    assert not zoo_results.controls(one).loc["a", "falling at end"]
 
 
 def test_the_promoted_positive_control_has_what_chapter_9_reads():
-    z = zoo.load(CONTROL)
+    z = zoo_results.load(CONTROL)
     c, d = z["config"], z["config"]["demonstrations"]
     assert z["finished"] and z["kind"] == "zoo" and z["promoted_from"]
     # one task, at least 20 evaluated episodes, none of them from a demonstrated start
@@ -71,6 +72,6 @@ def test_the_promoted_positive_control_has_what_chapter_9_reads():
         # the budget as planned, and whether the time limit cut it (the rows carry both)
         assert r["steps_planned"] >= r["steps"] and (r["steps_planned"] > r["steps"]) == r["time_limited"]
         assert z["curves"][r["family"]]["val"] and [t["task_id"] for t in z["curves"][r["family"]]["per_task"]] == [0]
-    df = zoo.controls(z)
+    df = zoo_results.controls(z)
     assert list(df.index) == [r["family"] for r in z["rows"]] and df["val_best"].notna().all()
-    assert len(zoo.ladder([(r["family"], z, r) for r in z["rows"]])) == len(z["rows"])
+    assert len(zoo_results.ladder([(r["family"], z, r) for r in z["rows"]])) == len(z["rows"])

@@ -9,6 +9,8 @@ import pytest
 
 from tutorial_utils import paths, zoo
 from tutorial_utils.errors import ConfigError
+from tutorial_utils.report import zoo_results
+from tutorial_utils.train import speed
 
 
 def test_families_are_checked_with_a_teaching_error():
@@ -26,11 +28,11 @@ def test_families_are_checked_with_a_teaching_error():
 
 
 def test_budget_turns_minutes_into_steps():
-    assert zoo.budget_steps(0.1, 10.0) == 6000
-    assert zoo.budget_steps(0.5, 10.0) == 1200
-    assert zoo.budget_steps(100.0, 0.5) == 20  # at least a few steps
+    assert speed.budget_steps(0.1, 10.0) == 6000
+    assert speed.budget_steps(0.5, 10.0) == 1200
+    assert speed.budget_steps(100.0, 0.5) == 20  # at least a few steps
     with pytest.raises(ConfigError, match="must be > 0"):
-        zoo.budget_steps(0.1, 0)
+        speed.budget_steps(0.1, 0)
 
 
 @pytest.mark.slow
@@ -58,9 +60,9 @@ def test_a_tiny_zoo_trains_evaluates_tabulates_and_promotes(tmp_path, runs_dir, 
     train_dir = paths.from_book(row["train_run"])
     # the evaluation is attached to the training run's checkpoint
     assert list((train_dir / "evaluations").glob("*/results.json"))
-    assert "mini" in zoo.text(out) and "0/1 (0%)" in zoo.text(out)
-    zoo.figure(out)
-    zoo.per_task_figure(out)
+    assert "mini" in zoo_results.text(out) and "0/1 (0%)" in zoo_results.text(out)
+    zoo_results.figure(out)
+    zoo_results.per_task_figure(out)
     again = zoo.run(tmp_path / "zoo2", **kw)  # both jobs reused, same table
     assert again["rows"][0]["reused"] and again["rows"][0]["train_run"] == row["train_run"]
     # another replan_steps: the same training, a new evaluation that executes 2 actions per request
@@ -71,21 +73,21 @@ def test_a_tiny_zoo_trains_evaluates_tabulates_and_promotes(tmp_path, runs_dir, 
         zoo.run(tmp_path / "zoo4", **kw, replan_steps=-1)
     (dest,) = zoo.promote(tmp_path / "zoo2", prefix="zoo_test")
     assert json.loads(dest.read_text())["rows"][0]["family"] == "mini"
-    assert zoo.load(dest)["promoted_from"].endswith("zoo2")
+    assert zoo_results.load(dest)["promoted_from"].endswith("zoo2")
     (again_dest,) = zoo.promote(dest, prefix="zoo_test")  # a promoted file promoted again keeps its source
-    assert zoo.load(again_dest)["promoted_from"].endswith("zoo2")
-    data = json.loads((tmp_path / "zoo2" / zoo.ZOO_FILE).read_text())
-    (tmp_path / "zoo2" / zoo.ZOO_FILE).write_text(json.dumps({**data, "finished": False}))
+    assert zoo_results.load(again_dest)["promoted_from"].endswith("zoo2")
+    data = json.loads((tmp_path / "zoo2" / zoo_results.ZOO_FILE).read_text())
+    (tmp_path / "zoo2" / zoo_results.ZOO_FILE).write_text(json.dumps({**data, "finished": False}))
     with pytest.raises(ConfigError, match="did not finish"):
         zoo.promote(tmp_path / "zoo2")
 
 
 def test_load_names_the_file_and_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="zoo.json: no zoo results here.*job run notebooks/jobs/zoo.md"):
-        zoo.load(tmp_path)
+        zoo_results.load(tmp_path)
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ConfigError, match="not a zoo result"):
-        zoo.load(tmp_path / "x.json")
+        zoo_results.load(tmp_path / "x.json")
     assert zoo.main(["table", str(tmp_path)]) == 1
 
 
@@ -135,11 +137,11 @@ def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_d
     assert b["parity"]["max_abs_diff"] == 0.0 and "validation episodes" in b["parity"]["data"]
     assert b["episodes"] == 1 and b["requests"] >= 1 and "model.safetensors" in b["files"]
     assert (tmp_path / "sw" / "bundle" / "manifest.json").is_file()
-    text = zoo.text(out)
+    text = zoo_results.text(out)
     assert "hidden_dim=16" in text and "bundle of hidden_dim=" in text and "mlp, 2 values of hidden_dim" in text
-    zoo.figure(out)
+    zoo_results.figure(out)
     (dest,) = zoo.promote(tmp_path / "sw")
-    assert dest.name == "sweep_cpu.json" and zoo.load(dest)["kind"] == "sweep"
+    assert dest.name == "sweep_cpu.json" and zoo_results.load(dest)["kind"] == "sweep"
 
 
 @pytest.mark.parametrize("job", ["zoo.md", "sweep.md"])
@@ -193,16 +195,16 @@ def test_demonstrations_say_which_evaluated_init_states_were_demonstrated(tmp_pa
 
 
 def test_ladder_lines_up_one_family_under_several_budgets():
-    z = zoo.load(paths.LOGS / "zoo_cpu.json")
+    z = zoo_results.load(paths.LOGS / "zoo_cpu.json")
     rows = [("a", z, z["rows"][0]), ("b", {**z, "config": {**z["config"], "replan_steps": 4}}, z["rows"][1])]
-    df = zoo.ladder(rows)
+    df = zoo_results.ladder(rows)
     assert list(df.index) == ["a", "b"] and df.loc["a", "replan"] == "chunk" and df.loc["b", "replan"] == 4
     assert df.loc["a", "success"].startswith(f"{z['rows'][0]['successes']}/{z['rows'][0]['episodes']}")
     lo, hi = z["rows"][0]["ci95_low"], z["rows"][0]["ci95_high"]
     assert df.loc["a", "ci95"] == f"[{100 * lo:.0f}%, {100 * hi:.0f}%]"
-    zoo.ladder_figure(rows)
+    zoo_results.ladder_figure(rows)
     # the result comes first: a table wider than the page scrolls and cuts off its last columns
     assert list(df.columns[:3]) == ["family", "success", "ci95"]
-    assert list(zoo.table(z).columns[:2]) == ["success", "ci95"]
-    head = zoo.text(z).splitlines()[1]
+    assert list(zoo_results.table(z).columns[:2]) == ["success", "ci95"]
+    head = zoo_results.text(z).splitlines()[1]
     assert head.split()[:2] == ["success", "ci95"]

@@ -42,8 +42,9 @@ from tutorial_utils.io import atomic_write_json
 from tutorial_utils.params import param
 from tutorial_utils.params import param as _param  # SweepConfig has a field named `param`
 from tutorial_utils.policies.base import PolicyUnavailable
+from tutorial_utils.report.zoo_results import SWEEP_FILE, ZOO_FILE, load, text
+from tutorial_utils.train.speed import budget_steps
 
-ZOO_FILE = "zoo.json"
 #: the catalogue's groups, in the order the platform guide presents them
 GROUPS = ("vision-language-action", "imitation learning", "policy learning", "reinforcement learning", "this book")
 
@@ -270,13 +271,6 @@ def calibrate(
         "wall_s": round(wall, 1),
         "load": load,
     }
-
-
-def budget_steps(s_per_step: float, minutes: float, lo: int = 20, hi: int = 200_000) -> int:
-    """Training steps that fill ``minutes`` at ``s_per_step`` (at least ``lo``, at most ``hi``)."""
-    if minutes <= 0 or s_per_step <= 0:
-        raise ConfigError(f"budget: train_minutes={minutes} and the step time {s_per_step} s must be > 0")
-    return int(max(lo, min(hi, round(60.0 * minutes / s_per_step))))
 
 
 def _budgeted_before(
@@ -678,8 +672,6 @@ def run(run_dir: str | os.PathLike, echo: bool = False, **parameters: Any) -> di
 
 # --- a sweep: one family, one parameter, several values ---------------------------------------------
 
-SWEEP_FILE = "sweep.json"
-
 
 def parse_values(policy: str, param: str, values: str) -> list[Any]:
     """``"1e-4,3e-4"`` as values of the training parameter ``param`` (a :class:`TrainConfig` name
@@ -921,264 +913,6 @@ def _smolvla_main(args: argparse.Namespace) -> int:
     if not os.environ.get("TUTORIAL_SMOLVLA_CHILD"):
         print(json.dumps({k: v for k, v in out.items() if k not in ("stand_in", "losses")}))
     return 0 if out["chunk_finite"] and out["reload_repeats"] else 1
-
-
-# --- reading a zoo's results ---------------------------------------------------------------------
-
-
-def load(path: str | os.PathLike) -> dict[str, Any]:
-    """A zoo's or a sweep's results: ``zoo.json`` / ``sweep.json`` in a run directory, or a
-    promoted ``logs/*.json``."""
-    p = Path(path)
-    f = (
-        (p / ZOO_FILE if (p / ZOO_FILE).is_file() or not (p / SWEEP_FILE).is_file() else p / SWEEP_FILE)
-        if p.is_dir()
-        else p
-    )
-    if not f.is_file():
-        raise FileNotFoundError(
-            f"{f}: no zoo results here. Run the zoo job (python -m tutorial_utils job run notebooks/jobs/zoo.md) "
-            "and pass its run directory."
-        )
-    data = json.loads(f.read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or "rows" not in data:
-        raise ConfigError(f"{f}: not a zoo result (no 'rows'); was it written by the zoo job?")
-    return data
-
-
-#: the result first: a table wider than the page scrolls, and what it cuts off is the rest
-TABLE_COLUMNS = (
-    "family",
-    "success",
-    "ci95",
-    "params_m",
-    "steps",
-    "train_min",
-    "samples_per_s",
-    "best_val_action_mae",
-    "round_trip_ms_p50",
-    "server_infer_ms_p50",
-)
-
-
-def _label(r: dict) -> str:
-    return r.get("label") or r["family"]
-
-
-def _success_text(r: dict) -> dict[str, str]:
-    """A row's success as ``k/n (p%)`` and its Wilson interval as ``[lo%, hi%]`` (``-`` without one)."""
-    ci = f"[{100 * r['ci95_low']:.0f}%, {100 * r['ci95_high']:.0f}%]" if r.get("ci95_low") is not None else "-"
-    return {"success": f"{r['successes']}/{r['episodes']} ({100 * (r['success_rate'] or 0):.0f}%)", "ci95": ci}
-
-
-def _success_bars(ax, labels: list[str], rows: list[dict], colors: list[str]) -> None:
-    """Success rates as bars with their 95% Wilson intervals and ``k/n`` above, one per row."""
-    for i, r in enumerate(rows):
-        p = r["success_rate"] or 0.0
-        lo, hi = (r.get("ci95_low") or 0.0), (r.get("ci95_high") or 0.0)
-        ax.bar(i, 100 * p, color=colors[i])
-        ax.errorbar(i, 100 * p, yerr=[[100 * (p - lo)], [100 * (hi - p)]], color="black", capsize=4)
-        ax.text(i, 100 * hi + 2, f"{r['successes']}/{r['episodes']}", ha="center", fontsize=8)
-    ax.set_xticks(range(len(labels)), labels, fontsize=8 if len(labels) < 5 else 7)
-    ax.set(ylabel="%", ylim=(0, 110))
-    ax.grid(alpha=0.3, axis="y")
-
-
-def table(zoo: dict[str, Any]):
-    """The comparison as a pandas DataFrame indexed by family (a sweep: by its runs' values;
-    success as k/n and rate, the Wilson interval as text), best success rate first."""
-    import pandas as pd
-
-    rows = []
-    index = "run" if zoo.get("kind") == "sweep" else "family"
-    for r in sorted(zoo["rows"], key=lambda r: -(r["success_rate"] or 0.0)):
-        rows.append(
-            {
-                **{k: r.get(k) for k in TABLE_COLUMNS if k not in ("success", "ci95", "family")},
-                "family": r["family"] if index == "family" else _label(r),
-                **_success_text(r),
-            }
-        )
-    return pd.DataFrame(rows, columns=list(TABLE_COLUMNS)).set_index("family").rename_axis(index)
-
-
-def text(zoo: dict[str, Any]) -> str:
-    """The table as plain text with the budget it was made with."""
-    import pandas as pd
-
-    c = zoo["config"]
-    if zoo.get("kind") == "sweep":
-        what = f"{c['policy']}, {len(zoo['rows'])} values of {c['param']}, {c['steps']} steps each"
-    else:
-        budget = f"{c['train_minutes']} min of training each" if c["train_minutes"] else f"{c['steps']} steps each"
-        what = f"{len(zoo['rows'])} families, {budget}"
-    head = (
-        f"{what}, batch {c['batch_size']}, dataset {c['dataset']}; evaluated on "
-        f"{c['suite']} tasks {c['task_ids']} x {c['trials_per_task']} trials (seed 7, {c['workers']} client workers)"
-    )
-    with pd.option_context("display.width", 220, "display.max_columns", 20):
-        out = head + "\n" + table(zoo).to_string()
-    if b := zoo.get("bundle"):
-        lo, hi = b["ci95_low"] or 0.0, b["ci95_high"] or 0.0
-        out += (
-            f"\nbundle of {b['from']} (step {b['step']}, parity {b['parity']['max_abs_diff']:.2g} on "
-            f"{b['parity'].get('data', 'a batch')}): {b['successes']}/{b['episodes']} "
-            f"[{100 * lo:.0f}%, {100 * hi:.0f}%] through the policy server, round trip p50 {b['round_trip_ms_p50']} ms"
-        )
-    return out
-
-
-def figure(zoo: dict[str, Any]):
-    """Three panels: success rate with the 95% interval per family, the training loss curves
-    (EMA-smoothed) and the validation action error, one colour per family."""
-    from matplotlib.figure import Figure
-
-    from tutorial_utils.runs.compare import ema
-
-    fams = [_label(r) for r in zoo["rows"]]
-    colors = {f: f"C{i % 10}" for i, f in enumerate(fams)}
-    fig = Figure(figsize=(13, 3.8), layout="constrained")
-    ax_sr, ax_loss, ax_val = fig.subplots(1, 3)
-    _success_bars(ax_sr, fams, zoo["rows"], [colors[f] for f in fams])
-    ax_sr.set_title("LIBERO success rate (95% Wilson interval)")
-    for fam, cur in zoo["curves"].items():
-        if cur["train"]:
-            s, loss = zip(*cur["train"], strict=True)
-            ax_loss.plot(s, loss, color=colors.get(fam), alpha=0.2, lw=0.8)
-            ax_loss.plot(s, ema(list(loss)), color=colors.get(fam), lw=1.6, label=fam)
-        if cur["val"]:
-            s, v = zip(*cur["val"], strict=True)
-            ax_val.plot(s, v, color=colors.get(fam), marker="o", ms=3, lw=1.4, label=fam)
-    ax_loss.set(title="training loss (each family's own objective)", xlabel="step", yscale="log")
-    if zoo.get("kind") == "sweep":
-        ax_loss.set_title("training loss (EMA-smoothed)")
-    ax_val.set(title="validation action error (lower is better)", xlabel="step")
-    for ax in (ax_loss, ax_val):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return fig
-
-
-def per_task_figure(zoo: dict[str, Any]):
-    """Successes per task (rows) and family (columns) as a heat map with the counts written in."""
-    import numpy as np
-    from matplotlib.figure import Figure
-
-    fams = [_label(r) for r in zoo["rows"]]
-    tasks = sorted({t["task_id"] for f in fams for t in zoo["curves"][f]["per_task"]})
-    grid = np.full((len(tasks), len(fams)), np.nan)
-    labels = [["" for _ in fams] for _ in tasks]
-    for j, f in enumerate(fams):
-        for t in zoo["curves"][f]["per_task"]:
-            i = tasks.index(t["task_id"])
-            grid[i, j] = t["successes"] / max(1, t["episodes"])
-            labels[i][j] = f"{t['successes']}/{t['episodes']}"
-    fig = Figure(figsize=(1.6 + 1.3 * len(fams), 0.9 + 0.38 * len(tasks)), layout="constrained")
-    ax = fig.subplots()
-    im = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-    for i in range(len(tasks)):
-        for j in range(len(fams)):
-            ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(fams)), fams)
-    ax.set_yticks(range(len(tasks)), [f"task {t}" for t in tasks])
-    ax.set_title("successes per task")
-    fig.colorbar(im, ax=ax, label="success rate")
-    return fig
-
-
-def ladder(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
-    """One family's results under several budgets as a pandas DataFrame indexed by rung: each rung
-    is ``(label, zoo, row)`` (a zoo's results and the family's row in it). Columns: the
-    demonstrations (episodes, per task, init states, how many evaluated (task, init state) pairs
-    were demonstrated: :func:`demonstrations`), steps, batch size, training minutes, best
-    validation error, replan steps, success and its 95% interval."""
-    import pandas as pd
-
-    out = []
-    for label, res, r in rungs:
-        cfg = res.get("config", {})
-        d = cfg.get("demonstrations") or {}
-        per_task = (
-            f"{d['per_task_min']}-{d['per_task_max']}"
-            if d.get("per_task_min") != d.get("per_task_max")
-            else d.get("per_task_min")
-        )
-        out.append(
-            {
-                "rung": label,
-                "family": r["family"],
-                **_success_text(r),  # the result first: a table wider than the page scrolls
-                "demos": d.get("episodes"),
-                "per task": per_task,
-                "init states": f"{d['init_states'][0]}-{d['init_states'][1]}" if d.get("init_states") else None,
-                "demonstrated": f"{d['eval_pairs_seen']}/{d['eval_pairs']}" if d.get("eval_pairs") else None,
-                "steps": r["steps"],
-                "batch": cfg.get("batch_size"),
-                "train_min": r["train_min"],
-                "best_val_mae": round(r["best_val_action_mae"], 4)
-                if r.get("best_val_action_mae") is not None
-                else None,
-                "replan": cfg.get("replan_steps") or "chunk",
-            }
-        )
-    return pd.DataFrame(out).set_index("rung")
-
-
-def ladder_figure(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
-    """The rungs of :func:`ladder` as bars: success rate with its 95% interval, one per rung."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(7, 3.4), layout="constrained")
-    ax = fig.subplots()
-    _success_bars(
-        ax, [label for label, _, _ in rungs], [r for _, _, r in rungs], [f"C{i % 10}" for i in range(len(rungs))]
-    )
-    ax.set_title(f"{rungs[0][2]['family']}: LIBERO success rate per rung (95% Wilson interval)")
-    return fig
-
-
-def controls(zoo: dict[str, Any], target: float = 0.8):
-    """A positive control read family by family, as a pandas DataFrame indexed by family: success
-    and its 95% interval, whether the rate reached ``target``, the budget it had (steps done;
-    ``planned``, the steps its timed budget was turned into; ``time limit hit``: the training's
-    time limit stopped it before those, on a machine busier than when it was timed; batch;
-    minutes), and the evidence for a family below it, all from the zoo's own curves: the
-    validation action error at the first validation, at its best and at the last one, the best
-    step and the last validated step (``falling at end``: of two or more validations, the best was
-    the last one, so the error was still going down when the budget ran out), and the health findings of its
-    training run."""
-    import pandas as pd
-
-    cfg = zoo.get("config", {})
-
-    def planned(r: dict) -> int | None:  # the steps the budget was turned into (rows from before: when timed)
-        s, minutes = r.get("timed_s_per_step"), cfg.get("train_minutes")
-        return r.get("steps_planned") or (budget_steps(s, minutes) if s and minutes else None)
-
-    out = []
-    for r in zoo["rows"]:
-        val = (zoo.get("curves", {}).get(_label(r)) or {}).get("val") or []
-        errors = [v for _, v in val]
-        out.append(
-            {
-                "family": _label(r),
-                **_success_text(r),
-                f"reached {100 * target:.0f}%": (r["success_rate"] or 0.0) >= target,
-                "steps": r["steps"],
-                "planned": planned(r),
-                "time limit hit": r.get("time_limited"),
-                "batch": r.get("batch_size", cfg.get("batch_size")),
-                "train_min": r["train_min"],
-                "val_first": round(errors[0], 4) if errors else None,
-                "val_best": round(min(errors), 4) if errors else None,
-                "val_last": round(errors[-1], 4) if errors else None,
-                "best_step": r.get("best_step"),
-                "last_val_step": val[-1][0] if val else None,
-                "falling at end": len(val) > 1 and r.get("best_step") == val[-1][0],
-                "health": ", ".join(r.get("health") or []) or "-",
-            }
-        )
-    return pd.DataFrame(out).set_index("family")
 
 
 def promote(run_dir: str | os.PathLike, prefix: str | None = None, reference: bool = False) -> list[Path]:

@@ -15,6 +15,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tutorial_utils.errors import ConfigError
+
 #: ``num_workers=None`` never starts more than this many loader processes per training process.
 MAX_AUTO_WORKERS = 8
 
@@ -199,3 +201,10 @@ def steady_throughput(rows: list[dict], step_samples: int, warmup_steps: int = 0
             steady[-1][4],
         ),
     }
+
+
+def budget_steps(s_per_step: float, minutes: float, lo: int = 20, hi: int = 200_000) -> int:
+    """Training steps that fill ``minutes`` at ``s_per_step`` (at least ``lo``, at most ``hi``)."""
+    if minutes <= 0 or s_per_step <= 0:
+        raise ConfigError(f"budget: train_minutes={minutes} and the step time {s_per_step} s must be > 0")
+    return int(max(lo, min(hi, round(60.0 * minutes / s_per_step))))
