@@ -138,14 +138,6 @@ def test_our_batch_is_lerobots_batch(name, recordings):
 
 # --- LeRobot's own training loop, served by our server ------------------------------------------------
 
-#: LeRobot's training script, after the project's torchvision workaround (without it the script dies
-#: importing torchvision: "operator torchvision::nms does not exist", the CUDA wheel's ops library
-#: beside the CPU torch; policies/_torchvision.py)
-LEROBOT_TRAIN = (
-    "import sys; from tutorial_utils.policies._torchvision import ensure_importable; ensure_importable(); "
-    "from lerobot.scripts.lerobot_train import main; sys.argv = ['lerobot_train', *sys.argv[1:]]; main()"
-)
-
 
 def test_act_trained_by_lerobots_own_loop_is_served_by_our_server(recordings, tmp_path):
     """``lerobot.scripts.lerobot_train`` (2 steps of a tiny ACT on the converted recording) writes its
@@ -165,6 +157,7 @@ def test_act_trained_by_lerobots_own_loop_is_served_by_our_server(recordings, tm
     from tutorial_utils.data.libero_schema import action_to_env
     from tutorial_utils.policies.lerobot import from_lerobot_pretrained
     from tutorial_utils.train.data import open_dataset
+    from tutorial_utils.train.lerobot_loop import LEROBOT_TRAIN
 
     ours_root, converted = recordings
     tiny = {"chunk_size": 8, "n_action_steps": 4, "dim_model": 32, "n_heads": 2, "dim_feedforward": 64}
@@ -216,3 +209,40 @@ def test_act_trained_by_lerobots_own_loop_is_served_by_our_server(recordings, tm
     with ServerThread(served) as srv, PolicyClient(port=srv.port, connect_timeout=5) as c:
         sent = np.clip(c.infer(obs)["actions"], -1, 1)
         np.testing.assert_allclose(sent, np.clip(action_to_env(want, "dataset"), -1, 1), rtol=0, atol=1e-5)
+
+
+def test_lerobot_train_command_converts_trains_and_leaves_a_checkpoint_we_serve(recordings, tmp_path):
+    """``python -m tutorial_utils lerobot-train``: our recording converted by LeRobot's converter, trained
+    by LeRobot's script with our family's parameters, saved where our server and evaluate job read it."""
+    from helpers import openpi_observation
+    from tutorial_utils import policies
+    from tutorial_utils.errors import ConfigError
+    from tutorial_utils.train import lerobot_loop
+
+    ours_root, _converted = recordings
+    tiny = {"image_size": SIZE, "chunk_size": 8, "n_action_steps": 4, "dim_model": 32, "n_heads": 2}
+    tiny |= {"dim_feedforward": 64, "n_encoder_layers": 1, "n_vae_encoder_layers": 1, "latent_dim": 8}
+    s = lerobot_loop.train(ours_root, tmp_path / "run", "act", steps=2, batch_size=2, config=tiny)
+    assert s["steps"] == 2 and s["losses"] and s["losses"][-1][0] == 2  # LeRobot's own log lines, parsed
+    assert "--policy.optimizer_lr_backbone=0.0001" in s["command"]  # one learning rate, ours, for every part
+    served = policies.make_policy("act", checkpoint=str(tmp_path / "run" / "checkpoints" / "last"))
+    assert served.metadata["replan_steps"] == 4 and served.infer(openpi_observation(SIZE))["actions"].shape == (8, 7)
+    # LeRobot does not resize: a model of another size trains on a copy at its size, holding the
+    # pixels our trainer and server give that model
+    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.data.images import resize
+
+    s = lerobot_loop.train(ours_root, tmp_path / "big", "act", steps=2, batch_size=2, config={**tiny, "image_size": 48})
+    assert s["cameras"] == f"{SIZE}x{SIZE}, resized to 48x48 for LeRobot"
+    assert (
+        policies.make_policy("act", checkpoint=str(tmp_path / "big" / "checkpoints" / "last")).metadata["image_size"]
+        == 48
+    )
+    copy = LeRobotDataset(tmp_path / "big" / "resized" / ours_root.name, verify_videos=False)
+    ours = LeRobotDataset(ours_root, verify_videos=False)
+    assert copy.num_episodes == ours.num_episodes and list(copy.lengths) == list(ours.lengths)
+    key = ours.video_keys[0]
+    diff = np.abs(copy.frame(1, key, 3).astype(int) - resize(ours.frame(1, key, 3), 48).astype(int)).mean()
+    assert diff < 4, diff  # the same pixels, up to the video codec
+    with pytest.raises(ConfigError, match="use_state=false"):
+        lerobot_loop.train(ours_root, tmp_path / "other", "act", steps=2, config={**tiny, "use_state": False})
