@@ -75,3 +75,46 @@ def test_the_promoted_positive_control_has_what_chapter_9_reads():
     df = zoo_results.controls(z)
     assert list(df.index) == [r["family"] for r in z["rows"]] and df["val_best"].notna().all()
     assert len(zoo_results.ladder([(r["family"], z, r) for r in z["rows"]])) == len(z["rows"])
+
+
+def test_the_open_loop_check_chapter_9_reads_shows_what_each_act_reads():
+    """Chapter 9's reading of ``logs/openloop_positive_control_cpu.json``: ACT steers by its state,
+    mini by its cameras, the cameras-only ACT cannot read the state at all, and no family's
+    open-loop error is far from its validation error in the control (no wiring defect)."""
+    import json
+
+    doc = json.loads((paths.LOGS / "openloop_positive_control_cpu.json").read_text())
+    r = {x["label"]: x for x in doc["results"]}
+    assert doc["kind"] == "open_loop" and doc["dataset"] == zoo_results.load(CONTROL)["config"]["dataset"]
+    assert r["act"]["reads_state"] > 3 * r["act"]["reads_cameras"]
+    assert r["act, sweep: state"]["reads_state"] > 10 * r["act, sweep: state"]["reads_cameras"]
+    assert r["act, sweep: cameras only"]["reads_state"] == 0.0 and r["act, sweep: cameras only"]["reads_cameras"] > 0
+    assert r["mini"]["reads_cameras"] > 10 * r["mini"]["reads_state"]
+    for fam in ("mlp", "vqbet"):  # "lean on the state too"
+        assert r[fam]["reads_state"] > r[fam]["reads_cameras"]
+    control = {row["family"]: row["best_val_action_mae"] for row in zoo_results.load(CONTROL)["rows"]}
+    for fam, val in control.items():
+        assert r[fam]["action_mae"] < 1.5 * val, (fam, r[fam]["action_mae"], val)
+    for x in doc["results"]:  # run names, never the machine's paths
+        assert not x["checkpoint"].startswith("/") and x["checkpoint"].endswith("checkpoints/best")
+
+
+def test_the_act_state_sweeps_compare_one_parameter_on_the_control_episodes():
+    """The sweeps chapter 9 reads: ACT with and without the state, everything else equal, on the
+    control's task and episodes; pooled over the seeds the cameras-only ACT succeeds more often."""
+    control = zoo_results.load(CONTROL)["config"]
+    pooled = {True: [0, 0], False: [0, 0]}
+    files = sorted(paths.LOGS.glob("positive_control_act_state_*cpu.json"))
+    assert files
+    for f in files:
+        sw = zoo_results.load(f)
+        c = sw["config"]
+        assert sw["kind"] == "sweep" and sw["finished"] and c["policy"] == "act" and c["param"] == "use_state"
+        assert c["dataset"] == control["dataset"] and c["task_ids"] == "0" and c["trials_per_task"] == 20
+        assert sorted(r["value"] for r in sw["rows"]) == [False, True]
+        assert len({r["steps"] for r in sw["rows"]}) == 1
+        for row in sw["rows"]:
+            pooled[row["value"]][0] += row["successes"]
+            pooled[row["value"]][1] += row["episodes"]
+    (k_off, n_off), (k_on, n_on) = pooled[False], pooled[True]
+    assert k_off / n_off > k_on / n_on

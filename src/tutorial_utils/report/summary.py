@@ -29,6 +29,23 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
     ("assets/eval_rollout.mp4", "the expert's evaluation job, `python -m tutorial_utils promote eval RUN`"),
     ("logs/zoo_*.json", "the zoo job (`notebooks/jobs/zoo.md`), then `python -m tutorial_utils zoo promote RUN`"),
     (
+        "logs/positive_control_act_state_*.json",
+        "the sweep job (ACT, `use_state` true and false) on the positive control's task, then `python -m "
+        "tutorial_utils zoo promote RUN --prefix positive_control_act_state_cpu`",
+    ),
+    (
+        "logs/act_lerobot_train.json",
+        "`python -m tutorial_utils lerobot-train` (ACT trained by LeRobot's own script on the control's task)",
+    ),
+    (
+        "*/act_lerobot_eval_*",
+        "the evaluate job on LeRobot's ACT, then `python -m tutorial_utils promote eval RUN --prefix act_lerobot_eval_`",
+    ),
+    (
+        "logs/openloop_*.json",
+        "`python -m tutorial_utils openloop --out ...` (demonstrations replayed through the control's checkpoints)",
+    ),
+    (
         "logs/positive_control_*.json",
         "the zoo job on one task from held-out starts, then `python -m tutorial_utils zoo promote RUN "
         "--prefix positive_control_cpu`",
