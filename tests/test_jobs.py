@@ -179,3 +179,13 @@ def test_heartbeat_beats_until_stopped_and_survives_a_full_disk():
     n = len(calls)
     _time.sleep(0.05)
     assert len(calls) == n  # stopped
+
+
+def test_cli_parameters_take_tuples_comma_separated_and_keep_strings_as_written():
+    from tutorial_utils.jobs import check_parameter_types, cli_parameters
+
+    defaults = {"optimizer_betas": (0.9, 0.95), "task_ids": "0", "steps": 10}
+    got = cli_parameters([("optimizer_betas", "0.9,0.999"), ("task_ids", "0,3"), ("steps", "20")], defaults)
+    assert got == {"optimizer_betas": [0.9, 0.999], "task_ids": "0,3", "steps": 20}
+    assert cli_parameters([("optimizer_betas", "[0.9, 0.99]")], defaults) == {"optimizer_betas": [0.9, 0.99]}
+    check_parameter_types("train.md", got, defaults)  # a list passes for a tuple default

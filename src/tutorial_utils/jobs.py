@@ -345,7 +345,8 @@ def check_parameter_types(notebook: str, parameters: dict[str, Any], defaults: d
     if bad:
         raise JobParameterError(
             f"{notebook}: wrong parameter type(s): {'; '.join(bad)}. Fix: pass a value of the default's type "
-            "(a whole number for an int, a number for a float, true/false for a bool); only a parameter whose "
+            "(a whole number for an int, a number for a float, true/false for a bool, comma-separated items for a "
+            "tuple such as 0.9,0.999); only a parameter whose "
             "default is None takes None or any type."
         )
 
@@ -353,8 +354,18 @@ def check_parameter_types(notebook: str, parameters: dict[str, Any], defaults: d
 def cli_parameters(raw: list[tuple[str, str]], defaults: dict[str, Any]) -> dict[str, Any]:
     """``-p NAME VALUE`` pairs as values: YAML (``2``, ``2.5``, ``true``, ``null``, ``[1, 2]``),
     except that a parameter whose default is a string keeps the text as written (``-p task_ids 0``
-    is the string ``"0"``)."""
-    return {k: v if isinstance(defaults.get(k), str) else _parse_value(v) for k, v in raw}
+    is the string ``"0"``), and one whose default is a tuple or list also takes its items
+    comma-separated (``-p optimizer_betas 0.9,0.999``)."""
+
+    def value(k: str, v: str) -> Any:
+        d = defaults.get(k)
+        if isinstance(d, str):
+            return v
+        if isinstance(d, (list, tuple)) and "," in v and not v.lstrip().startswith("["):
+            return _parse_value(f"[{v}]")
+        return _parse_value(v)
+
+    return {k: value(k, v) for k, v in raw}
 
 
 def params_hash(job: str, parameters: dict[str, Any]) -> str:
