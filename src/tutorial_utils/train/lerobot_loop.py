@@ -103,6 +103,10 @@ def convert(dataset: str | os.PathLike, dest: str | os.PathLike) -> Path:
     return dest
 
 
+def _log_freq(steps: int) -> int:
+    return max(1, min(25, steps))
+
+
 def lerobot_args(model, converted: Path, out: Path, steps: int, batch_size: int, lr: float, seed: int) -> list[str]:
     """LeRobot's training flags for ``model``'s family and parameters."""
     args = [f"--policy.type={model.lerobot_type}", "--policy.device=cpu", "--policy.push_to_hub=false"]
@@ -114,7 +118,7 @@ def lerobot_args(model, converted: Path, out: Path, steps: int, batch_size: int,
     args += [f"--steps={steps}", f"--batch_size={batch_size}", "--num_workers=1", f"--seed={seed}"]
     args += [
         f"--save_freq={steps}",
-        f"--log_freq={max(1, min(25, steps))}",
+        f"--log_freq={_log_freq(steps)}",
         "--eval_freq=0",
         "--wandb.enable=false",
         f"--output_dir={out}",
@@ -192,25 +196,25 @@ def train(
         "seed": seed,
         "convert_s": round(t_convert, 1),
         "train_s": round(t_train, 1),
-        "losses": _losses(out / "lerobot_train.log"),
+        "losses": _losses(out / "lerobot_train.log", _log_freq(steps), steps),
         "checkpoint": paths.for_book(os.fspath(checkpoint)),
-        "command": "lerobot.scripts.lerobot_train " + " ".join(cmd[3:]),
+        "command": paths.for_book("lerobot.scripts.lerobot_train " + " ".join(cmd[3:])),
     }
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     return summary
 
 
-def _losses(log: Path) -> list[list[float]]:
-    """``[[step, loss], ...]`` from LeRobot's training log (its ``step:... loss:...`` lines)."""
+def _losses(log: Path, log_freq: int, steps: int) -> list[list[float]]:
+    """``[[step, loss], ...]`` from LeRobot's training log: one ``loss:`` line every ``log_freq``
+    steps (its own ``step:`` field is rounded, ``1K`` for 1000-1099, so the step is counted here)."""
     import re
 
-    out = []
+    losses = []
     for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
-        m = re.search(r"step:(\d+(?:\.\d+)?)([KM]?)\b.*?\bloss:([0-9.eE+-]+)", line)
+        m = re.search(r"\bstep:\S+ .*?\bloss:([0-9.eE+-]+)", line)
         if m:
-            step = float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6}[m.group(2)]
-            out.append([int(step), float(m.group(3))])
-    return out
+            losses.append(float(m.group(1)))
+    return [[min(steps, (i + 1) * log_freq), v] for i, v in enumerate(losses)]
 
 
 def main(argv: list[str]) -> int:
