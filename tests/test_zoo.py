@@ -110,6 +110,15 @@ def test_the_catalog_matches_the_policy_registry():
         assert "smoke test" in cat.loc[name, "here"] and "never evaluated in LIBERO" in cat.loc[name, "here"]
 
 
+def test_the_sweep_trains_a_family_as_the_zoo_does_unless_it_varies_that_parameter():
+    act = zoo._family_schedule("act", 1083)  # ACT's own recipe (LeRobot's) over the zoo's warm-up
+    assert act["optimizer_lr"] == 1e-4 and act["scheduler_warmup_steps"] == 0 and act["scheduler_decay_lr"] == 1e-4
+    assert act["optimizer_grad_clip_norm"] == 10.0 and act["optimizer_betas"] == [0.9, 0.999]
+    assert act["augment_shift"] == 0
+    assert zoo._family_schedule("diffusion", 1000) == {"optimizer_lr": 1e-4, "scheduler_warmup_steps": 100}
+    assert zoo._family_schedule("mlp", 5000) == {"scheduler_warmup_steps": 200}
+
+
 def test_sweep_values_are_typed_and_checked():
     assert zoo.parse_values("mini", "optimizer_lr", "1e-4, 3e-4") == [1e-4, 3e-4]
     assert zoo.parse_values("mlp", "hidden_dim", "32,64") == [32, 64]  # a family's own parameter
@@ -133,6 +142,8 @@ def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_d
         batch_size=2, max_steps=5,
     )  # fmt: skip
     assert out["finished"] and [r["value"] for r in out["rows"]] == [16, 32] and out["best"] in out["curves"]
+    # each run trained as the zoo trains the family: mlp has no learning rate of its own, so only the warm-up
+    assert out["config"]["scheduler_warmup_steps"] == 0 and "optimizer_lr" not in out["config"]
     b = out["bundle"]
     assert b["parity"]["max_abs_diff"] == 0.0 and "validation episodes" in b["parity"]["data"]
     assert b["episodes"] == 1 and b["requests"] >= 1 and "model.safetensors" in b["files"]

@@ -432,6 +432,21 @@ def _train_params(
     }
 
 
+def _family_schedule(family: str, steps: int) -> dict[str, Any]:
+    """How the zoo and the sweep train a family: its own learning rate (``learning_rate``, when it
+    has one), a warm-up of a tenth of the steps (at most 200), then the family's own recipe
+    (``train_recipe``: ACT's is LeRobot's)."""
+    from tutorial_utils import policies
+
+    lr = learning_rate(family)
+    recipe = dict(policies.family(family).train_recipe)
+    return {
+        **({"optimizer_lr": lr} if lr else {}),
+        "scheduler_warmup_steps": min(200, max(0, steps // 10)),
+        **{k: list(v) if isinstance(v, tuple) else v for k, v in recipe.items()},
+    }
+
+
 def _positive(**values: int) -> None:
     for key, value in values.items():
         if int(value) < 1:
@@ -653,8 +668,7 @@ def run(run_dir: str | os.PathLike, echo: bool = False, **parameters: Any) -> di
         train_params = {
             **_train_params(fam, dataset, fam_steps, batch_size, eval_freq, log_freq, num_workers, seed),
             "save_freq": 0,  # the zoo evaluates `best`, saved at each validation that improves
-            **({"optimizer_lr": learning_rate(fam)} if learning_rate(fam) else {}),
-            "scheduler_warmup_steps": min(200, max(0, fam_steps // 10)),
+            **_family_schedule(fam, fam_steps),
         }
         if train_minutes:
             train_params["time_limit_min"] = _safety_limit(train_minutes)
@@ -702,7 +716,8 @@ def parse_values(policy: str, param: str, values: str) -> list[Any]:
 
 
 def sweep(run_dir: str | os.PathLike, echo: bool = False, **parameters: Any) -> dict[str, Any]:
-    """Train ``policy`` once per value of ``param`` (everything else equal), evaluate each run's
+    """Train ``policy`` once per value of ``param`` (everything else equal; the family's learning
+    rate and warm-up as the zoo sets them, unless ``param`` is one of them), evaluate each run's
     ``best`` checkpoint on the same episodes, pick the best run (success rate, then validation
     error), export its checkpoint as a bundle (parity checked), and evaluate the bundle through
     the policy server as a deployment would. Writes and returns ``sweep.json``'s content."""
@@ -723,6 +738,7 @@ def sweep(run_dir: str | os.PathLike, echo: bool = False, **parameters: Any) -> 
     run_dir = Path(run_dir)
     ev_params = _eval_params(suite, task_ids, trials_per_task, workers, max_steps)
     base = _train_params(policy, dataset, steps, batch_size, eval_freq, log_freq, num_workers, seed)
+    base.update({k: v for k, v in _family_schedule(policy, steps).items() if k != param})  # as the zoo trains it
     out: dict[str, Any] = {
         "kind": "sweep",
         "config": {**base, "param": param, "values": vals, **ev_params, "cpu_count": os.cpu_count()},

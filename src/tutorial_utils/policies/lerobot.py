@@ -856,6 +856,16 @@ class ACTPolicy(LeRobotPolicy):
     #: LeRobot's ACT, Diffusion Policy and VQ-BeT default to 1e-4 when trained from scratch
     #: (ACT's 1e-5 is for a pretrained backbone)
     learning_rate = 1e-4
+    #: LeRobot's recipe for ACT (its AdamW preset: clipping 10, betas 0.9/0.999, a constant learning
+    #: rate; no image shifts). With DiT4DiT's recipe ACT learned to steer by its state and failed every
+    #: episode of chapter 9's positive control; with this one it succeeds (logs/act_recipe_eval_*)
+    train_recipe = {
+        "optimizer_grad_clip_norm": 10.0,
+        "optimizer_betas": (0.9, 0.999),
+        "scheduler_warmup_steps": 0,
+        "scheduler_decay_lr": learning_rate,
+        "augment_shift": 0,
+    }
 
 
 class DiffusionPolicy(LeRobotPolicy):

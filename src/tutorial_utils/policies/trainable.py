@@ -32,7 +32,8 @@ class TrainablePolicy:
 
     The family's facts live here too, as class attributes the zoo, the train job and the book
     read: :attr:`catalog` (its row in the zoo's catalogue), :attr:`comparison` (whether the zoo
-    compares it), :attr:`learning_rate`, :attr:`timing_overrides` and :attr:`train_defaults`.
+    compares it), :attr:`learning_rate`, :attr:`timing_overrides`, :attr:`train_defaults` and
+    :attr:`train_recipe`.
     A GPU-server family also sets ``needs_gpu_server`` and ``gpu_recipe``.
     """
 
@@ -56,6 +57,9 @@ class TrainablePolicy:
     #: the train job's defaults for this family where a :class:`TrainConfig` field's default is
     #: None ("the family's own"): ``{field: value}`` or ``{field: params.by_profile(ci, cpu, gpu)}``
     train_defaults: ClassVar[Mapping[str, Any]] = {}
+    #: training parameters of the family's own recipe (:class:`TrainConfig` fields), which the zoo
+    #: and the sweep train it with; the train job takes them as parameters (``-p name value``)
+    train_recipe: ClassVar[Mapping[str, Any]] = {}
     #: the loss accepts a batch whose tensors are already on the model's device (the trainer then
     #: copies each batch there from pinned memory without blocking); False: the family moves what
     #: it needs itself (for example through numpy)
