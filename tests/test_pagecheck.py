@@ -55,7 +55,7 @@ def test_a_clean_page_passes(tmp_path):
 
 
 SEEDED = {
-    "object-repr": cell("zoo_results.figure(z)", "&lt;Figure size 1300x380 with 3 Axes&gt;"),
+    "object-repr": cell("zoo_tables.figure(z)", "&lt;Figure size 1300x380 with 3 Axes&gt;"),
     "pipe-table": "<p>| parameter | type | default |\n|—|—|—|\n| lr | float | 0.1 |</p>",
     "machine-path": cell("print(ckpt)", "/work/checkout/runs/r1/checkpoints/best"),
     "warning": cell("zoo.train()", "/x/site-packages/y.py:12: UserWarning: something\n  warnings.warn(msg)"),

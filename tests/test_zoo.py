@@ -9,7 +9,7 @@ import pytest
 
 from tutorial_utils import paths, zoo
 from tutorial_utils.errors import ConfigError
-from tutorial_utils.report import zoo_results
+from tutorial_utils.report import zoo_tables
 from tutorial_utils.train import speed
 
 
@@ -60,9 +60,9 @@ def test_a_tiny_zoo_trains_evaluates_tabulates_and_promotes(tmp_path, runs_dir, 
     train_dir = paths.from_book(row["train_run"])
     # the evaluation is attached to the training run's checkpoint
     assert list((train_dir / "evaluations").glob("*/results.json"))
-    assert "mini" in zoo_results.text(out) and "0/1 (0%)" in zoo_results.text(out)
-    zoo_results.figure(out)
-    zoo_results.per_task_figure(out)
+    assert "mini" in zoo_tables.text(out) and "0/1 (0%)" in zoo_tables.text(out)
+    zoo_tables.figure(out)
+    zoo_tables.per_task_figure(out)
     again = zoo.run(tmp_path / "zoo2", **kw)  # both jobs reused, same table
     assert again["rows"][0]["reused"] and again["rows"][0]["train_run"] == row["train_run"]
     # another replan_steps: the same training, a new evaluation that executes 2 actions per request
@@ -73,21 +73,21 @@ def test_a_tiny_zoo_trains_evaluates_tabulates_and_promotes(tmp_path, runs_dir, 
         zoo.run(tmp_path / "zoo4", **kw, replan_steps=-1)
     (dest,) = zoo.promote(tmp_path / "zoo2", prefix="zoo_test")
     assert json.loads(dest.read_text())["rows"][0]["family"] == "mini"
-    assert zoo_results.load(dest)["promoted_from"].endswith("zoo2")
+    assert zoo_tables.load(dest)["promoted_from"].endswith("zoo2")
     (again_dest,) = zoo.promote(dest, prefix="zoo_test")  # a promoted file promoted again keeps its source
-    assert zoo_results.load(again_dest)["promoted_from"].endswith("zoo2")
-    data = json.loads((tmp_path / "zoo2" / zoo_results.ZOO_FILE).read_text())
-    (tmp_path / "zoo2" / zoo_results.ZOO_FILE).write_text(json.dumps({**data, "finished": False}))
+    assert zoo_tables.load(again_dest)["promoted_from"].endswith("zoo2")
+    data = json.loads((tmp_path / "zoo2" / zoo_tables.ZOO_FILE).read_text())
+    (tmp_path / "zoo2" / zoo_tables.ZOO_FILE).write_text(json.dumps({**data, "finished": False}))
     with pytest.raises(ConfigError, match="did not finish"):
         zoo.promote(tmp_path / "zoo2")
 
 
 def test_load_names_the_file_and_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="zoo.json: no zoo results here.*job run notebooks/jobs/zoo.md"):
-        zoo_results.load(tmp_path)
+        zoo_tables.load(tmp_path)
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ConfigError, match="not a zoo result"):
-        zoo_results.load(tmp_path / "x.json")
+        zoo_tables.load(tmp_path / "x.json")
     assert zoo.main(["table", str(tmp_path)]) == 1
 
 
@@ -148,11 +148,11 @@ def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_d
     assert b["parity"]["max_abs_diff"] == 0.0 and "validation episodes" in b["parity"]["data"]
     assert b["episodes"] == 1 and b["requests"] >= 1 and "model.safetensors" in b["files"]
     assert (tmp_path / "sw" / "bundle" / "manifest.json").is_file()
-    text = zoo_results.text(out)
+    text = zoo_tables.text(out)
     assert "hidden_dim=16" in text and "bundle of hidden_dim=" in text and "mlp, 2 values of hidden_dim" in text
-    zoo_results.figure(out)
+    zoo_tables.figure(out)
     (dest,) = zoo.promote(tmp_path / "sw")
-    assert dest.name == "sweep_cpu.json" and zoo_results.load(dest)["kind"] == "sweep"
+    assert dest.name == "sweep_cpu.json" and zoo_tables.load(dest)["kind"] == "sweep"
 
 
 @pytest.mark.parametrize("job", ["zoo.md", "sweep.md"])
@@ -206,16 +206,16 @@ def test_demonstrations_say_which_evaluated_init_states_were_demonstrated(tmp_pa
 
 
 def test_ladder_lines_up_one_family_under_several_budgets():
-    z = zoo_results.load(paths.LOGS / "zoo_cpu.json")
+    z = zoo_tables.load(paths.LOGS / "zoo_cpu.json")
     rows = [("a", z, z["rows"][0]), ("b", {**z, "config": {**z["config"], "replan_steps": 4}}, z["rows"][1])]
-    df = zoo_results.ladder(rows)
+    df = zoo_tables.ladder(rows)
     assert list(df.index) == ["a", "b"] and df.loc["a", "replan"] == "chunk" and df.loc["b", "replan"] == 4
     assert df.loc["a", "success"].startswith(f"{z['rows'][0]['successes']}/{z['rows'][0]['episodes']}")
     lo, hi = z["rows"][0]["ci95_low"], z["rows"][0]["ci95_high"]
     assert df.loc["a", "ci95"] == f"[{100 * lo:.0f}%, {100 * hi:.0f}%]"
-    zoo_results.ladder_figure(rows)
+    zoo_tables.ladder_figure(rows)
     # the result comes first: a table wider than the page scrolls and cuts off its last columns
     assert list(df.columns[:3]) == ["family", "success", "ci95"]
-    assert list(zoo_results.table(z).columns[:2]) == ["success", "ci95"]
-    head = zoo_results.text(z).splitlines()[1]
+    assert list(zoo_tables.table(z).columns[:2]) == ["success", "ci95"]
+    head = zoo_tables.text(z).splitlines()[1]
     assert head.split()[:2] == ["success", "ci95"]

@@ -42,7 +42,7 @@ from tutorial_utils.io import atomic_write_json
 from tutorial_utils.params import param
 from tutorial_utils.params import param as _param  # SweepConfig has a field named `param`
 from tutorial_utils.policies.base import PolicyUnavailable
-from tutorial_utils.report.zoo_results import SWEEP_FILE, ZOO_FILE, load, text
+from tutorial_utils.report.zoo_tables import SWEEP_FILE, ZOO_FILE, load, text
 from tutorial_utils.train.speed import budget_steps
 
 #: the catalogue's groups, in the order the platform guide presents them

@@ -42,6 +42,16 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "the evaluate job on LeRobot's ACT, then `python -m tutorial_utils promote eval RUN --prefix act_lerobot_eval_`",
     ),
     (
+        "*/act_clip10_eval_*",
+        "the evaluate job on ACT trained with gradient clipping 10, then `python -m tutorial_utils promote eval RUN "
+        "--prefix act_clip10_eval_`",
+    ),
+    (
+        "*/act_recipe_eval_*",
+        "the evaluate job on ACT trained here with LeRobot's recipe, then `python -m tutorial_utils promote eval RUN "
+        "--prefix act_recipe_eval_`",
+    ),
+    (
         "logs/openloop_*.json",
         "`python -m tutorial_utils openloop --out ...` (demonstrations replayed through the control's checkpoints)",
     ),
