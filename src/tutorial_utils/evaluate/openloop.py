@@ -202,7 +202,7 @@ def figure(results: list[dict]):
 
     labels = [r.get("label") or r["family"] for r in results]
     y = list(range(len(results)))
-    fig = Figure(figsize=(11, 0.5 * len(results) + 1.6), layout="constrained")
+    fig = Figure(figsize=(11, 0.5 * len(results) + 2.0), layout="constrained")
     ax_err, ax_reads = fig.subplots(1, 2, sharey=True)
     h = 0.38
     ax_err.barh([i - h / 2 for i in y], [r["action_mae"] for r in results], h, label="executed actions", color="C0")
@@ -215,7 +215,7 @@ def figure(results: list[dict]):
     ax_err.invert_yaxis()
     for ax in (ax_err, ax_reads):
         ax.grid(axis="x", alpha=0.3)
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, frameon=False)
     return fig
 
 
