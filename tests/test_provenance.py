@@ -183,3 +183,22 @@ def test_an_expert_evaluation_says_it_learned_from_no_data(copies):
     (copies / "logs" / "eval_results.json").write_text(json.dumps(results))
     line = provenance.line("logs/eval_results.json")
     assert line.startswith("Run eval-expert, no training data (the scripted expert), commit")
+
+
+def test_promote_train_by_hand_stamps_its_files_with_the_run_and_its_dataset(copies, tmp_path, monkeypatch):
+    """``python -m tutorial_utils promote train RUN``: the promoted files carry the run and the
+    dataset it learned from, as the pipeline's and the zoo's promotions do (no stamping by hand)."""
+    ds = _recording(tmp_path / "data" / "rec", [(0, 3), (0, 4)])
+    run = tmp_path / "runs" / "20261205-101500-train-def456"
+    run.mkdir(parents=True)
+    (run / "train.log").write_text("Step 1, Loss: {'total_loss': 1.0}\n")
+    (run / "summary.json").write_text(json.dumps({"run_id": run.name, "steps": 2}))
+    (run / "status.json").write_text(json.dumps({"run_id": run.name, "started": "2026-12-05T10:15:00"}))
+    (run / "train_config.json").write_text(json.dumps({"train": {"dataset": str(ds)}}))
+    assert promote.main(["train", str(run), "--prefix", "hand_", "--reference"]) == 0
+    stamps = provenance.stamps(build=False)
+    fp = provenance.dataset_identity(ds)["fingerprint"]
+    assert stamps["logs/hand_summary.json"]["run_id"] == run.name
+    assert (
+        stamps["logs/hand_summary.json"]["fingerprint"] == fp and stamps["logs/hand_summary.json"]["stage"] == "train"
+    )

@@ -15,6 +15,7 @@ promoted files there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -22,7 +23,7 @@ from pathlib import Path
 from tutorial_utils import logs as L
 from tutorial_utils import paths
 from tutorial_utils.data.format import read_info
-from tutorial_utils.errors import error_text
+from tutorial_utils.errors import TutorialError, error_text
 from tutorial_utils.evaluate.loop import RESULTS_FILE, SERVER_LOG, eval_log_name
 from tutorial_utils.io import atomic_write_bytes, atomic_write_json, promote_text
 from tutorial_utils.secrets import redact_data
@@ -334,6 +335,32 @@ def main(argv: list[str]) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(error_text(exc), file=sys.stderr)
         return 1
+    if args.kind is not None:  # each promoted file carries its run's provenance, as the pipeline's and the zoo's do
+        from tutorial_utils.report import provenance
+
+        st = provenance_of(args.run_dir, args.kind)
+        provenance.write_stamps(
+            {f"{'logs' if p.parent == logs_dir else 'assets'}/{p.name}": st for p in done.values()},
+            reference=args.reference,
+        )
     for key, path in done.items():
         print(f"{key}: {path}")
     return 0
+
+
+def provenance_of(run_dir: str | os.PathLike, kind: str) -> dict:
+    """The provenance stamp of a promoted train or evaluate run: the run, and the dataset it learned
+    from (a training's own ``dataset``; an evaluation's, from its checkpoint's ``config.json``)."""
+    from tutorial_utils.policies.checkpoint import read_checkpoint_config
+    from tutorial_utils.report import provenance
+
+    run = Path(run_dir)
+    dataset = None
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, TutorialError):
+        if kind == "train":
+            dataset = json.loads((run / "train_config.json").read_text())["train"]["dataset"]
+        else:
+            ckpt = paths.from_book(json.loads((run / RESULTS_FILE).read_text())["config"]["checkpoint"])
+            name = read_checkpoint_config(ckpt)["dataset"]["name"]
+            dataset = paths.DATA / name if (paths.DATA / name).is_dir() else None
+    return provenance.stamp(run, dataset, stage="evaluate" if kind == "eval" else kind)
