@@ -189,3 +189,22 @@ def test_cli_parameters_take_tuples_comma_separated_and_keep_strings_as_written(
     assert got == {"optimizer_betas": [0.9, 0.999], "task_ids": "0,3", "steps": 20}
     assert cli_parameters([("optimizer_betas", "[0.9, 0.99]")], defaults) == {"optimizer_betas": [0.9, 0.99]}
     check_parameter_types("train.md", got, defaults)  # a list passes for a tuple default
+
+
+def test_papermill_parameter_noise_is_dropped_and_real_warnings_kept():
+    """papermill cannot parse ``x = pick(ci=..., cpu=...)``; the runner checks those parameters
+    itself, so papermill's warnings about them stay out of the job log; others pass."""
+    import logging
+
+    from tutorial_utils import jobs
+
+    f = jobs._papermill_noise(["batch_size", "steps"])
+
+    def rec(msg):
+        return logging.LogRecord("papermill.translators", logging.WARNING, __file__, 1, msg, None, None)
+
+    assert not f.filter(rec("Unable to parse line 7 'batch_size = pick(ci=2, cpu=16, gpu=64)  # samples'."))
+    assert not f.filter(rec("Passed unknown parameter: batch_size"))
+    assert f.filter(rec("Passed unknown parameter: bacth_size"))  # a typo stays visible
+    assert f.filter(rec("Unable to parse line 3 'a = b = 1'."))  # not ours: kept
+    assert f.filter(rec("Executing Cell 3"))

@@ -516,6 +516,22 @@ def list_runs(runs_dir: Path | None = None) -> list[dict[str, Any]]:
 # --- running --------------------------------------------------------------------------------------
 
 
+def _papermill_noise(declared) -> logging.Filter:
+    """Drop papermill's parameter-inference warnings about parameters this runner already checks
+    (:func:`declared_parameters`, :func:`extra_parameters`): papermill's parser reads one ``=`` per
+    line, so it cannot read ``x = pick(ci=..., cpu=...)`` and calls the parameter unknown."""
+    known = set(declared)
+
+    class _Noise(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            msg = record.getMessage()
+            if msg.startswith("Unable to parse line") and "pick(" in msg:
+                return False
+            return not (msg.startswith("Passed unknown parameter: ") and msg.split(": ", 1)[1].strip() in known)
+
+    return _Noise()
+
+
 class _RedactingHandler(logging.Handler):
     def __init__(self, log_path: Path, echo: bool):
         super().__init__(logging.INFO)
@@ -669,6 +685,7 @@ def run_notebook(
     )
 
     handler = _RedactingHandler(rd / "job.log", echo)
+    handler.addFilter(_papermill_noise(declared))
     pm_logger = logging.getLogger("papermill")
     old_level = pm_logger.level
     pm_logger.addHandler(handler)
