@@ -114,3 +114,16 @@ def test_setup_makes_pandas_print_readable_numbers():
         page.setup()
         html = pd.DataFrame({"seconds": [130.600000, 160.0]})._repr_html_()
         assert "130.6<" in html and "160<" in html and "130.600000" not in html
+
+
+def test_videos_are_embedded_captioned_and_readable(tmp_path):
+    import base64
+
+    clip = tmp_path / "a.mp4"
+    clip.write_bytes(b"\x00\x00\x00\x18ftypmp42 not a real movie")
+    html = page.videos_html([(clip, "ACT <success>, episode 3")])
+    assert base64.b64encode(clip.read_bytes()).decode() in html  # the page needs no file beside it
+    assert "ACT &lt;success&gt;, episode 3" in html  # captions are text, not markup
+    assert f'width="{page.VIDEO_PX}"' in html and page.VIDEO_PX >= 240  # the browser test's smallest video
+    with pytest.raises(FileNotFoundError, match="missing.mp4: no such video"):
+        page.videos_html([(tmp_path / "missing.mp4", "x")])

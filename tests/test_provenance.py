@@ -202,3 +202,22 @@ def test_promote_train_by_hand_stamps_its_files_with_the_run_and_its_dataset(cop
     assert (
         stamps["logs/hand_summary.json"]["fingerprint"] == fp and stamps["logs/hand_summary.json"]["stage"] == "train"
     )
+
+
+def test_rollout_pair_copies_the_first_success_and_the_first_failure(tmp_path):
+    run = tmp_path / "run"
+    (run / "videos").mkdir(parents=True)
+    eps = []
+    for i, ok in enumerate([False, True, False, True]):
+        name = f"videos/ep{i}.mp4"
+        (run / name).write_bytes(b"clip %d" % i)
+        eps.append({"episode": i, "success": ok, "video": name})
+    eps.append({"episode": 4, "success": True, "video": "videos/gone.mp4"})  # recorded, not on disk: skipped
+    (run / "results.json").write_text(json.dumps({"config": {}, "tasks": [{"task_id": 3, "episodes": eps}]}))
+    assert [e["episode"] for e in promote.rollouts(run)] == [1, 3, 0, 2]  # successes first, in order
+    pair = promote.rollout_pair(run, tmp_path / "out" / "zoo_act")
+    assert pair["success"]["episode"] == 1 and pair["failure"]["episode"] == 0 and pair["success"]["task_id"] == 3
+    assert (tmp_path / "out" / "zoo_act_success.mp4").read_bytes() == b"clip 1"
+    assert (tmp_path / "out" / "zoo_act_failure.mp4").read_bytes() == b"clip 0"
+    with pytest.raises(ValueError, match="too large to promote"):
+        promote.rollout_pair(run, tmp_path / "out" / "big", max_video_bytes=3)

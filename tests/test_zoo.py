@@ -19,8 +19,9 @@ def test_families_are_checked_with_a_teaching_error():
     assert "mlp" not in zoo.comparison_families() and zoo.parse_families("mini,mlp") == ["mini", "mlp"]
     with pytest.raises(ConfigError, match="'nosuch' is not in the zoo.*trainable families: .*act"):
         zoo.parse_families("mini,nosuch")
-    with pytest.raises(ConfigError, match="'tdmpc' is not in the zoo.*reinforcement learning"):
-        zoo.parse_families("tdmpc")
+    assert zoo.parse_families("tdmpc") == ["tdmpc"]  # trained offline by the trainer: a control may run it
+    with pytest.raises(ConfigError, match="'sac' is not in the zoo.*reinforcement learning"):
+        zoo.parse_families("sac")  # the trainer refuses SAC
     with pytest.raises(ConfigError, match="twice"):
         zoo.parse_families("act,act")
     with pytest.raises(ConfigError, match="at least one"):
@@ -71,10 +72,15 @@ def test_a_tiny_zoo_trains_evaluates_tabulates_and_promotes(tmp_path, runs_dir, 
     assert "replan_steps: 2" in (paths.from_book(replanned["eval_run"]) / "params.yaml").read_text()
     with pytest.raises(ConfigError, match="replan_steps=-1"):
         zoo.run(tmp_path / "zoo4", **kw, replan_steps=-1)
-    (dest,) = zoo.promote(tmp_path / "zoo2", prefix="zoo_test")
-    assert json.loads(dest.read_text())["rows"][0]["family"] == "mini"
+    dest, *videos = zoo.promote(tmp_path / "zoo2", prefix="zoo_test")
+    promoted_row = json.loads(dest.read_text())["rows"][0]
+    assert promoted_row["family"] == "mini"
     assert zoo_tables.load(dest)["promoted_from"].endswith("zoo2")
-    (again_dest,) = zoo.promote(dest, prefix="zoo_test")  # a promoted file promoted again keeps its source
+    # the row's rollout (its one episode failed: no success to show) went to assets/ beside it
+    assert set(promoted_row["videos"]) == {"failure"} and promoted_row["videos"]["failure"]["episode"] == 0
+    assert [v.name for v in videos] == ["zoo_test_mini_failure.mp4"] and videos[0].stat().st_size > 1000
+    assert promoted_row["videos"]["failure"]["video"] == "assets/zoo_test_mini_failure.mp4"
+    again_dest, *_ = zoo.promote(dest, prefix="zoo_test")  # a promoted file promoted again keeps its source
     assert zoo_tables.load(again_dest)["promoted_from"].endswith("zoo2")
     data = json.loads((tmp_path / "zoo2" / zoo_tables.ZOO_FILE).read_text())
     (tmp_path / "zoo2" / zoo_tables.ZOO_FILE).write_text(json.dumps({**data, "finished": False}))
@@ -144,6 +150,7 @@ def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_d
     assert out["finished"] and [r["value"] for r in out["rows"]] == [16, 32] and out["best"] in out["curves"]
     # each run trained as the zoo trains the family: mlp has no learning rate of its own, so only the warm-up
     assert out["config"]["scheduler_warmup_steps"] == 0 and "optimizer_lr" not in out["config"]
+    assert out["config"]["seed"] == 42 and out["config"]["eval_seed"] == 7  # training seed, client seed
     b = out["bundle"]
     assert b["parity"]["max_abs_diff"] == 0.0 and "validation episodes" in b["parity"]["data"]
     assert b["episodes"] == 1 and b["requests"] >= 1 and "model.safetensors" in b["files"]
@@ -151,7 +158,8 @@ def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_d
     text = zoo_tables.text(out)
     assert "hidden_dim=16" in text and "bundle of hidden_dim=" in text and "mlp, 2 values of hidden_dim" in text
     zoo_tables.figure(out)
-    (dest,) = zoo.promote(tmp_path / "sw")
+    dest, *videos = zoo.promote(tmp_path / "sw")
+    assert len(videos) == 2 and all(v.is_file() for v in videos)  # one rollout per value
     assert dest.name == "sweep_cpu.json" and zoo_tables.load(dest)["kind"] == "sweep"
 
 
@@ -219,3 +227,15 @@ def test_ladder_lines_up_one_family_under_several_budgets():
     assert list(zoo_tables.table(z).columns[:2]) == ["success", "ci95"]
     head = zoo_tables.text(z).splitlines()[1]
     assert head.split()[:2] == ["success", "ci95"]
+
+
+def test_side_by_side_sets_two_budgets_of_the_same_families_beside_each_other():
+    def row(fam, k, steps):
+        return {"family": fam, "successes": k, "episodes": 20, "success_rate": k / 20, "ci95_low": 0.1,
+                "ci95_high": 0.9, "steps": steps, "best_val_action_mae": 0.05}  # fmt: skip
+
+    short = {"rows": [row("mini", 14, 100), row("act", 0, 50), row("mlp", 0, 10)]}
+    long = {"rows": [row("act", 13, 100), row("mini", 17, 200)]}
+    df = zoo_tables.side_by_side({"8 min": short, "16 min": long})
+    assert list(df.index) == ["mini", "act"]  # families both have, in the first zoo's order
+    assert df.loc["mini", ("16 min", "success")] == "17/20 (85%)" and df.loc["act", ("8 min", "steps")] == 50

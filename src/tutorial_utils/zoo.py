@@ -118,10 +118,10 @@ def catalog():
 
 
 def parse_families(text: str | None) -> list[str]:
-    """``"mini,act"`` -> ``["mini", "act"]``, None -> every family of the comparison. A trainable
-    family outside the comparison (``mlp``, for a positive control) may be named; an unknown or
-    untrainable name, or a family that has only run as a smoke test (its ``what_ran``: TD-MPC,
-    SAC), is a clear error."""
+    """``"mini,act"`` -> ``["mini", "act"]``, None -> every family of the comparison. A family
+    outside the comparison that the trainer trains (``mlp``, ``tdmpc``: for a positive control) may
+    be named; an unknown name, or a family the trainer refuses (SAC, :func:`policies.trainer_refusal`),
+    is a clear error."""
     from tutorial_utils import policies
 
     families = comparison_families()
@@ -134,8 +134,8 @@ def parse_families(text: str | None) -> list[str]:
     for n in names:
         if n not in families:
             cls = policies.family(n) if n in trainable else None
-            if cls is not None and not getattr(cls, "what_ran", ""):
-                continue  # trainable and trained here, outside the comparison (mlp)
+            if cls is not None and not policies.trainer_refusal(n):
+                continue  # the trainer trains it, outside the comparison (mlp, tdmpc)
             if cls is not None:
                 group = (cls.catalog or {}).get("group")
                 other = (
@@ -741,7 +741,14 @@ def sweep(run_dir: str | os.PathLike, echo: bool = False, **parameters: Any) -> 
     base.update({k: v for k, v in _family_schedule(policy, steps).items() if k != param})  # as the zoo trains it
     out: dict[str, Any] = {
         "kind": "sweep",
-        "config": {**base, "param": param, "values": vals, **ev_params, "cpu_count": os.cpu_count()},
+        # the training seed stays `seed`; the evaluation's client seed is `eval_seed`
+        "config": {
+            **base,
+            "param": param,
+            "values": vals,
+            **{("eval_seed" if k == "seed" else k): v for k, v in ev_params.items()},
+            "cpu_count": os.cpu_count(),
+        },  # fmt: skip
         "rows": [],
         "curves": {},
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -934,7 +941,10 @@ def _smolvla_main(args: argparse.Namespace) -> int:
 def promote(run_dir: str | os.PathLike, prefix: str | None = None, reference: bool = False) -> list[Path]:
     """Copy a finished zoo's ``zoo.json`` (or a sweep's ``sweep.json``) into this build's
     ``_build/promoted/logs/<prefix>.json``, or with ``reference=True`` the shipped
-    ``logs/<prefix>.json`` (the chapters read it, preferring this build's, and draw their figures from it). An unfinished one is refused. A zoo
+    ``logs/<prefix>.json`` (the chapters read it, preferring this build's, and draw their figures from it). An unfinished one is refused.
+    Each row whose evaluation run is on this machine also gets a rollout video of its first success and
+    its first failure (``assets/<prefix>_<label>_success.mp4``, ``..._failure.mp4``), named in the row's
+    ``videos``. A zoo
     from before ``config.demonstrations`` gets it here when its dataset is on this machine
     (``zoo promote logs/zoo_cpu.json --prefix zoo_cpu`` fills in a promoted one)."""
     zoo = load(run_dir)
@@ -954,13 +964,31 @@ def promote(run_dir: str | os.PathLike, prefix: str | None = None, reference: bo
                 cfg["dataset"], cfg.get("suite", "libero_spatial"), cfg.get("task_ids", "all"), cfg["trials_per_task"]
             )
             cfg["demonstrations"] = d and {**d, "read_at": "promotion"}  # from the dataset here now, not during the run
+    if zoo.get("kind") == "sweep" and "eval_seed" not in cfg and "seed" in cfg:
+        # a sweep from before `eval_seed` wrote the client seed over the training seed: read the training
+        # seed back from a run's parameters when that run is here, else leave it out rather than wrong
+        cfg["eval_seed"] = cfg.pop("seed")
+        for row in zoo["rows"]:
+            with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+                cfg["seed"] = int(jobs.read_status(paths.from_book(row["train_run"]))["parameters"]["seed"])
+                break
     from tutorial_utils.report import promote as P
     from tutorial_utils.report import provenance
 
-    dest = P.destinations(reference)[0] / f"{prefix}.json"
+    logs_dir, assets_dir = P.destinations(reference)
+    dest = logs_dir / f"{prefix}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     # a promoted file promoted again (to fill in the demonstrations) keeps the run it came from
     source = zoo.get("promoted_from") or paths.for_book(os.fspath(Path(run_dir)))
+    written = [dest]
+    for row in zoo["rows"]:  # a success and a failure of each row, where its evaluation is on this machine
+        ev = paths.from_book(row["eval_run"]) if row.get("eval_run") else None
+        if ev is None or not (ev / "results.json").is_file():
+            continue
+        name = f"{prefix}_{row.get('label') or row['family']}".replace("=", "_").replace(" ", "_")
+        pair = P.rollout_pair(ev, assets_dir / name)
+        row["videos"] = {k: {**v, "video": f"assets/{v['video'].name}"} for k, v in pair.items()}
+        written += [assets_dir / Path(v["video"]).name for v in row["videos"].values()]
     atomic_write_json(dest, {**zoo, "promoted_from": source})
     if Path(run_dir).is_dir():  # a run here: stamp it (its dataset's fingerprint when the dataset is here)
         with contextlib.suppress(TutorialError, OSError):
@@ -970,8 +998,8 @@ def promote(run_dir: str | os.PathLike, prefix: str | None = None, reference: bo
                 resolve_dataset(cfg["dataset"], paths.RUNS) if cfg.get("dataset") not in (None, "synthetic") else None
             )
             st = provenance.stamp(run_dir, data, stage=zoo.get("kind", "zoo"))
-            provenance.write_stamps({f"logs/{dest.name}": st}, reference=reference)
-    return [dest]
+            provenance.write_stamps({f"{p.parent.name}/{p.name}": st for p in written}, reference=reference)
+    return written
 
 
 def main(argv: list[str]) -> int:

@@ -3,7 +3,8 @@
 - :func:`show`: display a figure however it was built (pyplot or a bare ``Figure``), with its
   small text enlarged to be readable at the page's width;
 - :func:`number`: a float written for reading (``23.54``, ``130.6``, ``160``, ``0.0526``);
-- :func:`setup`: the chapters' pandas tables print their floats with :func:`number`.
+- :func:`setup`: the chapters' pandas tables print their floats with :func:`number`;
+- :func:`videos`: promoted rollout videos side by side, each with its caption, embedded in the page.
 
 matplotlib, pandas and IPython are imported inside the functions.
 """
@@ -92,3 +93,37 @@ def setup() -> None:
 
 
 __all__ = ["PAGE_PX", "MIN_TEXT_PX", "figure_png", "readable", "show", "number", "setup"]
+
+
+#: the width of a rollout video on the page, in CSS pixels (two fit side by side in :data:`PAGE_PX`)
+VIDEO_PX = 320
+
+
+def videos_html(items, width: int = VIDEO_PX) -> str:
+    """HTML for ``items`` (``(path, caption)`` pairs) as captioned videos that wrap side by side,
+    each embedded as a data URI (the page needs no file beside it). A missing file raises
+    FileNotFoundError naming it."""
+    import base64
+    import html
+    from pathlib import Path
+
+    figs = []
+    for path, caption in items:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such video (promote the run that made it)")
+        data = base64.b64encode(path.read_bytes()).decode("ascii")
+        figs.append(
+            f'<figure style="margin:0;width:{width}px">'
+            f'<video controls loop muted playsinline width="{width}">'
+            f'<source src="data:video/mp4;base64,{data}" type="video/mp4"></video>'
+            f'<figcaption style="font-size:0.85em">{html.escape(str(caption))}</figcaption></figure>'
+        )
+    return '<div style="display:flex;flex-wrap:wrap;gap:12px">' + "".join(figs) + "</div>"
+
+
+def videos(items, width: int = VIDEO_PX) -> None:
+    """Show ``items`` (``(path, caption)`` pairs) as captioned videos side by side (:func:`videos_html`)."""
+    from IPython.display import HTML, display
+
+    display(HTML(videos_html(items, width)))

@@ -238,6 +238,52 @@ def training(run_dir: str | os.PathLike, prefix: str = "train_", logs_dir: Path 
     return out
 
 
+def rollouts(run_dir: str | os.PathLike, results: dict | None = None) -> list[dict]:
+    """The episodes of an evaluation run whose video is on disk, successes first (in episode order),
+    then failures; each episode dict gains ``video_path`` and its ``task_id``. The one choice of which rollout a page
+    shows: :func:`evaluation` promotes the first, ``zoo promote`` a success and a failure per family."""
+    run = Path(run_dir)
+    if results is None:
+        results = json.loads((run / RESULTS_FILE).read_text())
+    out_root = Path(results.get("config", {}).get("output_dir") or run)
+    episodes = [
+        {**ep, "task_id": t.get("task_id")}
+        for t in results.get("tasks", [])
+        for ep in t.get("episodes", [])
+        if ep.get("video")
+    ]
+    out = []
+    for ep in [e for e in episodes if e.get("success")] + [e for e in episodes if not e.get("success")]:
+        src = out_root / ep["video"] if (out_root / ep["video"]).is_file() else run / ep["video"]
+        if src.is_file():
+            out.append({**ep, "video_path": src})
+    return out
+
+
+def _video_bytes(src: Path, max_video_bytes: int) -> bytes:
+    if src.stat().st_size > max_video_bytes:
+        raise ValueError(
+            f"{src} is {src.stat().st_size / 1e6:.1f} MB: too large to promote (limit {max_video_bytes / 1e6:.1f} MB)"
+        )
+    return src.read_bytes()
+
+
+def rollout_pair(run_dir: str | os.PathLike, dest_stem: str | os.PathLike, max_video_bytes: int = 2_000_000) -> dict:
+    """Copy an evaluation run's first success and first failure (where there is one) to
+    ``<dest_stem>_success.mp4`` and ``<dest_stem>_failure.mp4``. Returns ``{"success": {"video":
+    path, "episode": i, "task_id": t}, "failure": ...}`` for the outcomes the run had."""
+    out: dict = {}
+    for ep in rollouts(run_dir):
+        kind = "success" if ep.get("success") else "failure"
+        if kind in out:
+            continue
+        dest = Path(f"{os.fspath(dest_stem)}_{kind}.mp4")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(dest, _video_bytes(ep["video_path"], max_video_bytes)).chmod(0o644)
+        out[kind] = {"video": dest, "episode": ep.get("episode"), "task_id": ep.get("task_id")}
+    return out
+
+
 def evaluation(
     run_dir: str | os.PathLike,
     logs_dir: Path | None = None,
@@ -280,20 +326,11 @@ def evaluation(
     # ... and holds no secret (logs/ is tracked by git)
     promoted = {**results, **(extra or {})}
     done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", redact_data(paths.for_book(promoted)))
-    out_root = Path(results.get("config", {}).get("output_dir") or run)
-    episodes = [ep for t in results.get("tasks", []) for ep in t.get("episodes", []) if ep.get("video")]
-    videos = [ep["video"] for ep in episodes if ep.get("success")] + [
-        ep["video"] for ep in episodes if not ep.get("success")
-    ]
-    for rel in videos:
-        src = out_root / rel if (out_root / rel).is_file() else run / rel
-        if src.is_file():
-            if src.stat().st_size > max_video_bytes:
-                raise ValueError(
-                    f"{src} is {src.stat().st_size / 1e6:.1f} MB: too large to promote (limit {max_video_bytes / 1e6:.1f} MB)"
-                )
-            done["video"] = atomic_write_bytes(assets_dir / f"{prefix}rollout.mp4", src.read_bytes())
-            break
+    for ep in rollouts(run, results):
+        done["video"] = atomic_write_bytes(
+            assets_dir / f"{prefix}rollout.mp4", _video_bytes(ep["video_path"], max_video_bytes)
+        )
+        break
     for path in done.values():
         path.chmod(0o644)  # readable by the book build and web servers (temp files are created 0600)
     return done

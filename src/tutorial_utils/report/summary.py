@@ -27,6 +27,14 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
     ("assets/eval_mini_rollout.mp4", "the main job's evaluation stage: one rollout (`report.promote.evaluation`)"),
     ("logs/eval_*", "the expert's evaluation job, `python -m tutorial_utils promote eval RUN`"),
     ("assets/eval_rollout.mp4", "the expert's evaluation job, `python -m tutorial_utils promote eval RUN`"),
+    (
+        "assets/*_success.mp4",
+        "`python -m tutorial_utils zoo promote RUN`: each row's first successful rollout (`report.promote.rollout_pair`)",
+    ),
+    (
+        "assets/*_failure.mp4",
+        "`python -m tutorial_utils zoo promote RUN`: each row's first failed rollout (`report.promote.rollout_pair`)",
+    ),
     ("logs/zoo_*.json", "the zoo job (`notebooks/jobs/zoo.md`), then `python -m tutorial_utils zoo promote RUN`"),
     (
         "logs/positive_control_act_state_*.json",

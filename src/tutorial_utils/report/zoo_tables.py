@@ -269,3 +269,45 @@ def controls(zoo: dict[str, Any], target: float = 0.8):
             }
         )
     return pd.DataFrame(out).set_index("family")
+
+
+def rollouts(zoo: dict[str, Any], find=None) -> list[tuple[Path, str]]:
+    """``(video, caption)`` of each row's promoted rollouts (``zoo promote`` copies the first success
+    and the first failure of each evaluation), for :func:`tutorial_utils.report.page.videos`.
+    ``find`` turns a promoted ``assets/...`` name into a file (default: this build's copy, else
+    the reference's). A row promoted before its videos has none and is skipped."""
+    if find is None:
+        from tutorial_utils.report.provenance import find
+    out = []
+    for r in zoo["rows"]:
+        for kind in ("success", "failure"):
+            v = (r.get("videos") or {}).get(kind)
+            if v:
+                where = f"episode {v['episode']}" + (f" of task {v['task_id']}" if v.get("task_id") is not None else "")
+                out.append((find(v["video"]), f"{_label(r)}: {kind}, {where}"))
+    return out
+
+
+def side_by_side(zoos: dict[str, dict[str, Any]]):
+    """The same families in several zoos (``{"8 min": zoo, "16 min": other}``), one row per family
+    that every zoo has, as a pandas DataFrame: each zoo's success with its interval, steps and best
+    validation action error, columns grouped by the zoo's name. The first zoo's family order."""
+    import pandas as pd
+
+    rows = {name: {_label(r): r for r in z["rows"]} for name, z in zoos.items()}
+    first = next(iter(rows.values()))
+    families = [f for f in first if all(f in r for r in rows.values())]
+    out = []
+    for f in families:
+        line: dict[str, Any] = {"family": f}
+        for name, by in rows.items():
+            r = by[f]
+            s = _success_text(r)
+            line[(name, "success")] = s["success"]
+            line[(name, "ci95")] = s["ci95"]
+            line[(name, "steps")] = r["steps"]
+            line[(name, "val_best")] = r.get("best_val_action_mae")
+        out.append(line)
+    df = pd.DataFrame(out).set_index("family")
+    df.columns = pd.MultiIndex.from_tuples(df.columns)
+    return df
