@@ -208,3 +208,19 @@ def test_papermill_parameter_noise_is_dropped_and_real_warnings_kept():
     assert f.filter(rec("Passed unknown parameter: bacth_size"))  # a typo stays visible
     assert f.filter(rec("Unable to parse line 3 'a = b = 1'."))  # not ours: kept
     assert f.filter(rec("Executing Cell 3"))
+
+
+def test_a_parameter_whose_config_takes_none_accepts_null_from_the_command_line():
+    """zoo.md's train_minutes is ``float | None`` (None: train ``steps`` steps) but its cpu default is
+    a number: ``-p train_minutes null`` is a value; ``-p steps null`` stays a type error."""
+    from tutorial_utils import jobs
+
+    nb = jobs.read_notebook(jobs.resolve_notebook("notebooks/jobs/zoo.md"))
+    nullable = jobs.nullable_parameters(nb)
+    assert "train_minutes" in nullable and "steps" not in nullable
+    defaults = {"train_minutes": 10.0, "steps": 2}
+    jobs.check_parameter_types("zoo.md", {"train_minutes": None}, defaults, nullable)
+    with pytest.raises(jobs.JobParameterError, match="steps=None is None"):
+        jobs.check_parameter_types("zoo.md", {"steps": None}, defaults, nullable)
+    with pytest.raises(jobs.JobParameterError, match="train_minutes=None"):
+        jobs.check_parameter_types("zoo.md", {"train_minutes": None}, defaults)  # without the config's word

@@ -280,6 +280,19 @@ def config_classes(nb) -> list[type]:
     return out
 
 
+def nullable_parameters(nb) -> set[str]:
+    """The parameters whose config field takes None (``float | None``: "None: ..." in its help),
+    even where a profile's default is a number: ``-p train_minutes null`` is a value, not a type error."""
+    import dataclasses
+    import typing
+
+    out: set[str] = set()
+    for cls in config_classes(nb):
+        hints = typing.get_type_hints(cls)
+        out |= {f.name for f in dataclasses.fields(cls) if type(None) in typing.get_args(hints.get(f.name))}
+    return out
+
+
 def generated_parameters(nb) -> str | None:
     """The ``parameters`` cell ``nb`` should hold: generated from its config classes plus
     ``run_dir = ""`` (None for a notebook that names no config classes)."""
@@ -316,13 +329,14 @@ def _type_name(value: Any) -> str:
     return "None" if value is None else type(value).__name__
 
 
-def _type_ok(value: Any, default: Any) -> bool:
+def _type_ok(value: Any, default: Any, nullable: bool = False) -> bool:
     """Whether ``value`` may replace ``default``: the same type; an int for a float; anything
-    for a ``None`` default ("no override"); ``None`` only where the default is ``None``."""
+    for a ``None`` default ("no override"); ``None`` only where the default is ``None`` or the
+    parameter is ``nullable`` (its config field takes None)."""
     if default is None:
         return True
     if value is None:
-        return False
+        return nullable
     if isinstance(default, bool) or isinstance(value, bool):
         return isinstance(value, bool) and isinstance(default, bool)
     if isinstance(default, int):
@@ -334,11 +348,14 @@ def _type_ok(value: Any, default: Any) -> bool:
     return isinstance(value, type(default))
 
 
-def check_parameter_types(notebook: str, parameters: dict[str, Any], defaults: dict[str, Any]) -> None:
-    """Raise :class:`JobParameterError` naming every parameter whose value has the wrong type."""
+def check_parameter_types(
+    notebook: str, parameters: dict[str, Any], defaults: dict[str, Any], nullable: set[str] | frozenset = frozenset()
+) -> None:
+    """Raise :class:`JobParameterError` naming every parameter whose value has the wrong type
+    (``nullable``: the parameters that also take None, :func:`nullable_parameters`)."""
     bad = []
     for name, value in parameters.items():
-        if name in defaults and not _type_ok(value, defaults[name]):
+        if name in defaults and not _type_ok(value, defaults[name], name in nullable):
             default = defaults[name]
             want = "int or float" if isinstance(default, float) else _type_name(default)
             bad.append(f"{name}={redact(repr(value))} is {_type_name(value)}, but its default {default!r} is {want}")
@@ -347,7 +364,7 @@ def check_parameter_types(notebook: str, parameters: dict[str, Any], defaults: d
             f"{notebook}: wrong parameter type(s): {'; '.join(bad)}. Fix: pass a value of the default's type "
             "(a whole number for an int, a number for a float, true/false for a bool, comma-separated items for a "
             "tuple such as 0.9,0.999); only a parameter whose "
-            "default is None takes None or any type."
+            "default is None, or whose help says what None means, takes None."
         )
 
 
@@ -646,7 +663,7 @@ def run_notebook(
             f"{nb_path.name}: unknown parameter(s) {', '.join(unknown)}. "
             f"This job's parameters are: {', '.join(declared)}.{more}" + (f" {hint}." if hint else "")
         )
-    check_parameter_types(nb_path.name, parameters, {**extras, **defaults})
+    check_parameter_types(nb_path.name, parameters, {**extras, **defaults}, nullable_parameters(nb))
     profile = profiles.current()
     key_params = {"profile": profile, **parameters}
     if reuse:

@@ -340,7 +340,10 @@ def copy(
         defaults: dict[str, Any] = {}
         with contextlib.suppress(Exception):  # a parameters cell that cannot run here is checked at start
             defaults = jobs.default_parameters(nb)
-        jobs.check_parameter_types(nb_path.name, overrides, defaults)
+        nullable: set[str] = set()
+        with contextlib.suppress(Exception):
+            nullable = jobs.nullable_parameters(nb)
+        jobs.check_parameter_types(nb_path.name, overrides, defaults, nullable)
         params = {k: v for k, v in (status.get("parameters") or {}).items() if k != jobs.RUN_DIR_PARAM}
         record.update(kind="job", job=status["job"], notebook=str(nb_path), parameters={**params, **overrides})
         name = jobs.new_run_id(status["job"])
