@@ -110,10 +110,11 @@ def test_the_catalog_matches_the_policy_registry():
     assert ours - {"mlp"} == set(cat.index)
     assert set(cat.index[cat["in the comparison"]]) == set(zoo.FAMILIES)
     assert cat.loc["smolvla", "GPU server"] and not cat.loc["smolvla", "trains here"]
-    # the RL rows say what ran: smoke tests only, and the trainer does not train SAC
+    # the RL rows say what ran: SAC a smoke test the trainer does not train; TD-MPC trained offline, evaluated
     assert not cat.loc["sac", "trains here"]
-    for name in ("sac", "tdmpc"):
-        assert "smoke test" in cat.loc[name, "here"] and "never evaluated in LIBERO" in cat.loc[name, "here"]
+    assert "smoke test" in cat.loc["sac", "here"] and "never evaluated in LIBERO" in cat.loc["sac", "here"]
+    assert cat.loc["tdmpc", "trains here"] and "evaluated in LIBERO" in cat.loc["tdmpc", "here"]
+    assert "never trained online" in cat.loc["tdmpc", "here"]
 
 
 def test_the_sweep_trains_a_family_as_the_zoo_does_unless_it_varies_that_parameter():
@@ -239,3 +240,14 @@ def test_side_by_side_sets_two_budgets_of_the_same_families_beside_each_other():
     df = zoo_tables.side_by_side({"8 min": short, "16 min": long})
     assert list(df.index) == ["mini", "act"]  # families both have, in the first zoo's order
     assert df.loc["mini", ("16 min", "success")] == "17/20 (85%)" and df.loc["act", ("8 min", "steps")] == 50
+
+
+def test_the_zoo_waits_for_a_quiet_machine_before_timing_a_family(monkeypatch):
+    loads = iter([1.9, 1.9, 1.4, 0.8, 0.8, 0.8])
+    monkeypatch.setattr(zoo.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(zoo.os, "cpu_count", lambda: 2)
+    naps = []
+    before, after, waited = zoo.settle(max_s=60, poll_s=5, sleep=naps.append)
+    assert (before, after) == (1.9, 0.8) and waited == 10 and naps == [5, 5]  # until below half the cores
+    monkeypatch.setattr(zoo.os, "getloadavg", lambda: (2.5, 0.0, 0.0))
+    assert zoo.settle(max_s=15, poll_s=5, sleep=lambda s: None)[2] == 15  # never quiet: gives up at max_s

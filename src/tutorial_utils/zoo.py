@@ -348,6 +348,25 @@ def _load() -> float | None:
         return None
 
 
+#: the zoo times a family only once the 1-minute load is below this share of the cores, or after
+#: :data:`SETTLE_MAX_S`: on 2 cores, steps timed while the previous family's evaluation was still
+#: ending ran up to four times slower than the same steps a minute later (TD-MPC: 1.09 against 0.27 s)
+SETTLE_LOAD_SHARE = 0.5
+SETTLE_MAX_S = 120.0
+
+
+def settle(max_s: float = SETTLE_MAX_S, share: float = SETTLE_LOAD_SHARE, poll_s: float = 5.0, sleep=time.sleep):
+    """Wait until the machine is quiet enough to time steps (the 1-minute load below ``share`` of
+    the cores) or ``max_s`` passed. Returns ``(load before, load after, seconds waited)``."""
+    before = _load()
+    waited = 0.0
+    limit = share * (os.cpu_count() or 1)
+    while waited < max_s and (_load() or 0.0) >= limit:
+        sleep(poll_s)
+        waited += poll_s
+    return before, _load(), waited
+
+
 def _outcome(results: dict) -> dict[str, Any]:
     """An evaluation's episodes, successes, success rate with its Wilson interval, and the
     policy server's latency (:func:`tutorial_utils.evaluate.loop.latency_summary`)."""
@@ -388,6 +407,7 @@ def _family_row(
         **_outcome(results),
         "timed_s_per_step": (timing or {}).get("s_per_step"),
         "load_at_start": load,
+        **({"settle_s": timing["settle_s"]} if timing and "settle_s" in timing else {}),
         "train_run": paths.for_book(os.fspath(train_dir)),
         "eval_run": paths.for_book(os.fspath(eval_dir)),
     }
@@ -652,7 +672,9 @@ def run(run_dir: str | os.PathLike, echo: bool = False, **parameters: Any) -> di
             if earlier:  # a rerun continues with the earlier budget's steps (and reuses that training)
                 fam_steps, timing = earlier
             else:
+                load_before, load, settle_s = settle()  # the previous family's evaluation may still be ending
                 timing = calibrate(fam, dataset, batch_size, num_workers)
+                timing.update(load_before=load_before, settle_s=settle_s)
                 fam_steps = budget_steps(timing["s_per_step"], train_minutes)
         print(
             f"[zoo] {fam}: {fam_steps} steps"

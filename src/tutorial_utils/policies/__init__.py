@@ -6,8 +6,9 @@ A family is one module in this folder and one :func:`register` line below. Three
   small flow-matching DiT), ``mlp`` (a two-layer behaviour-cloning baseline, the worked
   example of the seam), LeRobot's ``act``, ``diffusion``, ``vqbet`` (``policies/lerobot.py``) and
   ``tdmpc``, ``sac`` (``policies/lerobot_rl.py``: from demonstration windows with a sparse success
-  reward; so far each has run only as a 2-step smoke test on a 24-frame synthetic source, never on
-  the recorded demonstrations, never evaluated). Training, serving, evaluation and checkpoints use
+  reward; ``tdmpc`` has been trained offline on one task's recorded demonstrations and evaluated in
+  LIBERO (chapter 9's positive control), ``sac`` has run only as a 2-step smoke test on a 24-frame
+  synthetic source, never on the recorded demonstrations, never evaluated). Training, serving, evaluation and checkpoints use
   them through :func:`make`, :func:`load` and :func:`make_policy` and never name a family; the
   trainer trains all of them but ``sac`` (:func:`trainer_refusal`);
 - GPU-server families (:func:`gpu_server`): ``smolvla``, ``pi0``, ``pi05``, ``pi0_fast``, ``openvla``
