@@ -42,7 +42,7 @@ from tutorial_utils.io import atomic_write_json
 from tutorial_utils.params import param
 from tutorial_utils.params import param as _param  # SweepConfig has a field named `param`
 from tutorial_utils.policies.base import PolicyUnavailable
-from tutorial_utils.report.zoo_tables import SWEEP_FILE, ZOO_FILE, load, text
+from tutorial_utils.report.zoo_tables import SWEEP_FILE, ZOO_FILE, load, row_label, text
 from tutorial_utils.train.speed import budget_steps
 
 #: the catalogue's groups, in the order the platform guide presents them
@@ -672,9 +672,8 @@ def run(run_dir: str | os.PathLike, echo: bool = False, **parameters: Any) -> di
             if earlier:  # a rerun continues with the earlier budget's steps (and reuses that training)
                 fam_steps, timing = earlier
             else:
-                load_before, load, settle_s = settle()  # the previous family's evaluation may still be ending
-                timing = calibrate(fam, dataset, batch_size, num_workers)
-                timing.update(load_before=load_before, settle_s=settle_s)
+                _, load, settle_s = settle()  # the previous family's evaluation may still be ending
+                timing = {**calibrate(fam, dataset, batch_size, num_workers), "settle_s": settle_s}
                 fam_steps = budget_steps(timing["s_per_step"], train_minutes)
         print(
             f"[zoo] {fam}: {fam_steps} steps"
@@ -1005,12 +1004,11 @@ def promote(run_dir: str | os.PathLike, prefix: str | None = None, reference: bo
     written = [dest]
     for row in zoo["rows"]:  # a success and a failure of each row, where its evaluation is on this machine
         ev = paths.from_book(row["eval_run"]) if row.get("eval_run") else None
-        if ev is None or not (ev / "results.json").is_file():
+        if ev is None or not (ev / P.RESULTS_FILE).is_file():
             continue
-        name = f"{prefix}_{row.get('label') or row['family']}".replace("=", "_").replace(" ", "_")
-        pair = P.rollout_pair(ev, assets_dir / name)
+        pair = P.rollout_pair(ev, assets_dir / f"{prefix}_{row_label(row)}".replace("=", "_").replace(" ", "_"))
         row["videos"] = {k: {**v, "video": f"assets/{v['video'].name}"} for k, v in pair.items()}
-        written += [assets_dir / Path(v["video"]).name for v in row["videos"].values()]
+        written += [v["video"] for v in pair.values()]
     atomic_write_json(dest, {**zoo, "promoted_from": source})
     if Path(run_dir).is_dir():  # a run here: stamp it (its dataset's fingerprint when the dataset is here)
         with contextlib.suppress(TutorialError, OSError):

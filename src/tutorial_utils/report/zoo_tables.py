@@ -51,7 +51,7 @@ TABLE_COLUMNS = (
 )
 
 
-def _label(r: dict) -> str:
+def row_label(r: dict) -> str:
     return r.get("label") or r["family"]
 
 
@@ -85,7 +85,7 @@ def table(zoo: dict[str, Any]):
         rows.append(
             {
                 **{k: r.get(k) for k in TABLE_COLUMNS if k not in ("success", "ci95", "family")},
-                "family": r["family"] if index == "family" else _label(r),
+                "family": r["family"] if index == "family" else row_label(r),
                 **_success_text(r),
             }
         )
@@ -125,7 +125,7 @@ def figure(zoo: dict[str, Any]):
 
     from tutorial_utils.runs.compare import ema
 
-    fams = [_label(r) for r in zoo["rows"]]
+    fams = [row_label(r) for r in zoo["rows"]]
     colors = {f: f"C{i % 10}" for i, f in enumerate(fams)}
     fig = Figure(figsize=(13, 3.8), layout="constrained")
     ax_sr, ax_loss, ax_val = fig.subplots(1, 3)
@@ -154,7 +154,7 @@ def per_task_figure(zoo: dict[str, Any]):
     import numpy as np
     from matplotlib.figure import Figure
 
-    fams = [_label(r) for r in zoo["rows"]]
+    fams = [row_label(r) for r in zoo["rows"]]
     tasks = sorted({t["task_id"] for f in fams for t in zoo["curves"][f]["per_task"]})
     grid = np.full((len(tasks), len(fams)), np.nan)
     labels = [["" for _ in fams] for _ in tasks]
@@ -247,11 +247,11 @@ def controls(zoo: dict[str, Any], target: float = 0.8):
 
     out = []
     for r in zoo["rows"]:
-        val = (zoo.get("curves", {}).get(_label(r)) or {}).get("val") or []
+        val = (zoo.get("curves", {}).get(row_label(r)) or {}).get("val") or []
         errors = [v for _, v in val]
         out.append(
             {
-                "family": _label(r),
+                "family": row_label(r),
                 **_success_text(r),
                 f"reached {100 * target:.0f}%": (r["success_rate"] or 0.0) >= target,
                 "steps": r["steps"],
@@ -284,7 +284,7 @@ def rollouts(zoo: dict[str, Any], find=None) -> list[tuple[Path, str]]:
             v = (r.get("videos") or {}).get(kind)
             if v:
                 where = f"episode {v['episode']}" + (f" of task {v['task_id']}" if v.get("task_id") is not None else "")
-                out.append((find(v["video"]), f"{_label(r)}: {kind}, {where}"))
+                out.append((find(v["video"]), f"{row_label(r)}: {kind}, {where}"))
     return out
 
 
@@ -294,7 +294,7 @@ def side_by_side(zoos: dict[str, dict[str, Any]]):
     validation action error, columns grouped by the zoo's name. The first zoo's family order."""
     import pandas as pd
 
-    rows = {name: {_label(r): r for r in z["rows"]} for name, z in zoos.items()}
+    rows = {name: {row_label(r): r for r in z["rows"]} for name, z in zoos.items()}
     first = next(iter(rows.values()))
     families = [f for f in first if all(f in r for r in rows.values())]
     out = []
