@@ -664,3 +664,34 @@ def test_compiled_step_trains_resumes_exactly_and_keeps_checkpoint_names(tmp_pat
     assert part.losses + rest.losses == full.losses
     a = load_policy(tmp_path / "full/checkpoints/last")  # no _orig_mod. prefixes: loads as usual
     assert set(a.state_dict()) == set(load_policy(tmp_path / "plain/checkpoints/last").state_dict())
+
+
+def test_each_family_trains_with_its_own_recipe_unless_given_other_values(monkeypatch):
+    from tutorial_utils.train.config import RECIPE, family_recipe
+
+    monkeypatch.setenv("TUTORIAL_PROFILE", "cpu")
+    act = TrainConfig.from_overrides({"policy": "act"})
+    assert (act.optimizer_lr, act.optimizer_grad_clip_norm, act.scheduler_warmup_steps, act.augment_shift) == (
+        1e-4,
+        10.0,
+        0,
+        0,
+    )
+    assert tuple(act.optimizer_betas) == (0.9, 0.999) and act.scheduler_decay_lr == 1e-4
+    mini = TrainConfig.from_overrides({"policy": "mini"})  # no recipe of its own: the book's (DiT4DiT's)
+    assert mini.optimizer_lr == RECIPE["optimizer_lr"]["cpu"] == 3e-4 and mini.scheduler_warmup_steps == 200
+    assert tuple(mini.optimizer_betas) == (0.9, 0.95) and mini.augment_shift == 4
+    assert TrainConfig.from_overrides({"policy": "diffusion"}).optimizer_lr == 1e-4
+    # a value given to the job wins over the family's
+    given = TrainConfig.from_overrides({"policy": "act", "optimizer_betas": "0.9,0.95", "augment_shift": "4"})
+    assert tuple(given.optimizer_betas) == (0.9, 0.95) and given.augment_shift == 4 and given.optimizer_lr == 1e-4
+    # another family from a base: the base family's own values go, the ones given to it stay
+    moved = TrainConfig.from_overrides(
+        {"policy": "act"}, base=TrainConfig.from_overrides({"policy": "mini", "seed": 3})
+    )
+    assert moved.optimizer_lr == 1e-4 and moved.augment_shift == 0 and moved.seed == 3
+    kept = TrainConfig.from_overrides({"policy": "act"}, base=TrainConfig.from_overrides({"optimizer_lr": 5e-5}))
+    assert kept.optimizer_lr == 5e-5
+    assert family_recipe("tdmpc")["optimizer_weight_decay"] == 0.0
+    monkeypatch.setenv("TUTORIAL_PROFILE", "ci")
+    assert TrainConfig().optimizer_lr == 1e-4 and TrainConfig().scheduler_warmup_steps == 0

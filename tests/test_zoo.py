@@ -117,13 +117,12 @@ def test_the_catalog_matches_the_policy_registry():
     assert "never trained online" in cat.loc["tdmpc", "here"]
 
 
-def test_the_sweep_trains_a_family_as_the_zoo_does_unless_it_varies_that_parameter():
-    act = zoo._family_schedule("act", 1083)  # ACT's own recipe (LeRobot's) over the zoo's warm-up
-    assert act["optimizer_lr"] == 1e-4 and act["scheduler_warmup_steps"] == 0 and act["scheduler_decay_lr"] == 1e-4
-    assert act["optimizer_grad_clip_norm"] == 10.0 and act["optimizer_betas"] == [0.9, 0.999]
-    assert act["augment_shift"] == 0
-    assert zoo._family_schedule("diffusion", 1000) == {"optimizer_lr": 1e-4, "scheduler_warmup_steps": 100}
+def test_the_zoo_adds_only_its_warm_up_to_a_family_recipe():
+    assert zoo._family_schedule("act", 1083) == {}  # ACT's own recipe (LeRobot's) has no warm-up
+    assert zoo._family_schedule("tdmpc", 1083) == {}
+    assert zoo._family_schedule("diffusion", 1000) == {"scheduler_warmup_steps": 100}
     assert zoo._family_schedule("mlp", 5000) == {"scheduler_warmup_steps": 200}
+    assert zoo.learning_rate("act") == 1e-4 and zoo.learning_rate("tdmpc") == 3e-4
 
 
 def test_sweep_values_are_typed_and_checked():

@@ -240,17 +240,26 @@ def default_text(profiles: Mapping[str, Any]) -> str:
 
 
 def markdown_table(
-    cls, aliases: Mapping[str, str] | None = None, prefix: str = "", aliases_column: bool | None = None
+    cls,
+    aliases: Mapping[str, str] | None = None,
+    prefix: str = "",
+    aliases_column: bool | None = None,
+    derived: Mapping[str, str] | None = None,
 ) -> str:
     """The book's and ``--list-params``' table: parameter, type, default (each profile's where
     they differ), aliases, meaning. ``aliases_column`` None: the aliases column only when a
-    parameter has one (an empty column costs the page width the meanings need)."""
+    parameter has one (an empty column costs the page width the meanings need). ``derived``:
+    ``{field: text}`` added to a None default, what None becomes (``mini: `0.0003```)."""
     rows = fields_info(cls, aliases)
+    derived = derived or {}
     with_aliases = any(r["aliases"] for r in rows) if aliases_column is None else aliases_column
     head = ["parameter", "type", "default", *(["aliases"] if with_aliases else []), "meaning"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [f"`{prefix}{r['name']}`", r["type"].replace(" | ", " or "), default_text(r["profiles"])]
+        default = default_text(r["profiles"])
+        if r["name"] in derived:
+            default = f"{default} ({derived[r['name']]})"
+        cells = [f"`{prefix}{r['name']}`", r["type"].replace(" | ", " or "), default]
         if with_aliases:
             cells.append(", ".join(f"`{a}`" for a in r["aliases"]))
         lines.append("| " + " | ".join([*cells, r["help"]]) + " |")

@@ -70,11 +70,11 @@ def comparison_families() -> tuple[str, ...]:
     return tuple(cls.name for cls in _families_with("comparison"))
 
 
-def learning_rate(name: str) -> float | None:
-    """The peak learning rate the zoo trains family ``name`` with (its class's ``learning_rate``)."""
-    from tutorial_utils import policies
+def learning_rate(name: str) -> float:
+    """The peak learning rate family ``name`` trains with (its recipe's, ``train.config.family_recipe``)."""
+    from tutorial_utils.train.config import family_recipe
 
-    return policies.family(name).learning_rate
+    return family_recipe(name)["optimizer_lr"]
 
 
 def timing_overrides(name: str) -> dict[str, Any]:
@@ -453,18 +453,14 @@ def _train_params(
 
 
 def _family_schedule(family: str, steps: int) -> dict[str, Any]:
-    """How the zoo and the sweep train a family: its own learning rate (``learning_rate``, when it
-    has one), a warm-up of a tenth of the steps (at most 200), then the family's own recipe
-    (``train_recipe``: ACT's is LeRobot's)."""
+    """What the zoo and the sweep add to a family's own recipe (which the train job applies itself:
+    ``train.config.family_recipe``): a warm-up of a tenth of the steps (at most 200) where the
+    recipe names no warm-up of its own (ACT's and TD-MPC's have none)."""
     from tutorial_utils import policies
 
-    lr = learning_rate(family)
-    recipe = dict(policies.family(family).train_recipe)
-    return {
-        **({"optimizer_lr": lr} if lr else {}),
-        "scheduler_warmup_steps": min(200, max(0, steps // 10)),
-        **{k: list(v) if isinstance(v, tuple) else v for k, v in recipe.items()},
-    }
+    if "scheduler_warmup_steps" in policies.family(family).train_defaults:
+        return {}
+    return {"scheduler_warmup_steps": min(200, max(0, steps // 10))}
 
 
 def _positive(**values: int) -> None:

@@ -853,17 +853,18 @@ class ACTPolicy(LeRobotPolicy):
         "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
     }
     comparison = True
-    #: LeRobot's ACT, Diffusion Policy and VQ-BeT default to 1e-4 when trained from scratch
-    #: (ACT's 1e-5 is for a pretrained backbone)
-    learning_rate = 1e-4
-    #: LeRobot's recipe for ACT (its AdamW preset: clipping 10, betas 0.9/0.999, a constant learning
-    #: rate; no image shifts). With DiT4DiT's recipe ACT learned to steer by its state and failed every
-    #: episode of chapter 9's positive control; with this one it succeeds (logs/act_recipe_eval_*)
-    train_recipe = {
+    #: LeRobot's recipe for ACT (its AdamW preset: 1e-4 from scratch, ACT's 1e-5 being for a pretrained
+    #: backbone; clipping 10, betas 0.9/0.999, weight decay 1e-4, a constant learning rate; no image
+    #: shifts), which the train job, the zoo and the sweep train it with unless given other values. With
+    #: DiT4DiT's recipe ACT learned to steer by its state and failed every episode of chapter 9's positive
+    #: control; with this one it succeeds (logs/act_recipe_eval_*)
+    train_defaults = {
+        "optimizer_lr": 1e-4,
+        "optimizer_weight_decay": 1e-4,
         "optimizer_grad_clip_norm": 10.0,
         "optimizer_betas": (0.9, 0.999),
         "scheduler_warmup_steps": 0,
-        "scheduler_decay_lr": learning_rate,
+        "scheduler_decay_lr": 1e-4,
         "augment_shift": 0,
     }
 
@@ -880,7 +881,8 @@ class DiffusionPolicy(LeRobotPolicy):
         "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
     }
     comparison = True
-    learning_rate = 1e-4
+    #: LeRobot's learning rate for it from scratch; the rest of the book's recipe (train.config.RECIPE)
+    train_defaults = {"optimizer_lr": 1e-4}
 
     def _training_batch(self, lb: dict) -> dict:
         return _with_time_axis(lb, (BATCH_STATE, *self.cameras))
@@ -903,7 +905,8 @@ class VQBeTPolicy(LeRobotPolicy):
         "here": "trained on the recorded demonstrations, served, evaluated in LIBERO (the comparison below)",
     }
     comparison = True
-    learning_rate = 1e-4
+    #: LeRobot's learning rate for it from scratch; the rest of the book's recipe (train.config.RECIPE)
+    train_defaults = {"optimizer_lr": 1e-4}
     #: the zoo's timing: its first steps fit the VQ-VAE on actions alone (no images, milliseconds);
     #: its GPT phase is what most of its steps cost
     timing_overrides = {"n_vqvae_training_steps": 1}

@@ -325,17 +325,16 @@ class TDMPCPolicy(_ClosedLoop, LeRobotPolicy):
     name = "tdmpc"
     config_class = TDMPCConfig
     lerobot_type = "tdmpc"
-    #: LeRobot's TD-MPC preset: Adam at 3e-4 (``TDMPCConfig.optimizer_lr``)
-    learning_rate = 3e-4
-    #: the rest of LeRobot's preset (``AdamConfig``: betas 0.9/0.999, no weight decay, clipping 10; no
-    #: scheduler). No image shifts from the trainer: TD-MPC shifts its images itself
-    #: (``max_random_shift_ratio``)
-    train_recipe: ClassVar[dict] = {
+    #: LeRobot's TD-MPC preset (``TDMPCConfig``: Adam at 3e-4; ``AdamConfig``: betas 0.9/0.999, no weight
+    #: decay, clipping 10; no scheduler). No image shifts from the trainer: TD-MPC shifts its images
+    #: itself (``max_random_shift_ratio``)
+    train_defaults: ClassVar[dict] = {
+        "optimizer_lr": 3e-4,
         "optimizer_grad_clip_norm": 10.0,
         "optimizer_betas": (0.9, 0.999),
         "optimizer_weight_decay": 0.0,
         "scheduler_warmup_steps": 0,
-        "scheduler_decay_lr": learning_rate,
+        "scheduler_decay_lr": 3e-4,
         "augment_shift": 0,
     }
     catalog = {

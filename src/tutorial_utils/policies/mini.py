@@ -298,9 +298,9 @@ class MiniPolicy(nn.Module, TrainablePolicy):
         "here": "trained, served and evaluated by the main chain and in the comparison below",
     }
     comparison = True
-    #: the small DiT trains from scratch at 3e-4 (above the platform guide's 1e-5..1e-4 for fine-tuning)
-    learning_rate = 3e-4
-    #: the ci profile's 2-step smoke test trains only the action head (its encoders stay as built)
+    #: the book's recipe (train.config.RECIPE: from scratch at 3e-4 in the cpu and gpu profiles, above
+    #: the platform guide's 1e-5..1e-4 for fine-tuning); the ci profile's 2-step smoke test trains only
+    #: the action head (its encoders stay as built)
     train_defaults = {"freeze_modules": by_profile("backbone", cpu="")}
     accepts_device_batch = True  # every input goes through torch.as_tensor(...).to(device)
     compile_targets = ("backbone", "action_model")  # tensor-only forwards: no graph breaks

@@ -32,8 +32,7 @@ class TrainablePolicy:
 
     The family's facts live here too, as class attributes the zoo, the train job and the book
     read: :attr:`catalog` (its row in the zoo's catalogue), :attr:`comparison` (whether the zoo
-    compares it), :attr:`learning_rate`, :attr:`timing_overrides`, :attr:`train_defaults` and
-    :attr:`train_recipe`.
+    compares it), :attr:`timing_overrides` and :attr:`train_defaults` (its training recipe).
     A GPU-server family also sets ``needs_gpu_server`` and ``gpu_recipe``.
     """
 
@@ -50,16 +49,14 @@ class TrainablePolicy:
     trains_here: ClassVar[bool] = True
     #: whether the zoo's comparison trains and evaluates it (``zoo.FAMILIES``)
     comparison: ClassVar[bool] = False
-    #: the peak learning rate the zoo trains it with (None: the train job's ``optimizer_lr``)
-    learning_rate: ClassVar[float | None] = None
     #: config overrides that only the zoo's step timing uses (``{field: value}``)
     timing_overrides: ClassVar[Mapping[str, Any]] = {}
-    #: the train job's defaults for this family where a :class:`TrainConfig` field's default is
-    #: None ("the family's own"): ``{field: value}`` or ``{field: params.by_profile(ci, cpu, gpu)}``
+    #: the family's own values of :class:`TrainConfig` fields whose default is None ("the family's
+    #: own"): its training recipe (``optimizer_lr``, betas, clipping, warm-up, ``augment_shift``: the
+    #: fields of ``train.config.RECIPE``, the book's recipe where a family names none) and
+    #: ``freeze_modules``. ``{field: value}`` or ``{field: params.by_profile(ci, cpu, gpu)}``. The train
+    #: job, the zoo and the sweep all train the family with them unless given other values
     train_defaults: ClassVar[Mapping[str, Any]] = {}
-    #: training parameters of the family's own recipe (:class:`TrainConfig` fields), which the zoo
-    #: and the sweep train it with; the train job takes them as parameters (``-p name value``)
-    train_recipe: ClassVar[Mapping[str, Any]] = {}
     #: the loss accepts a batch whose tensors are already on the model's device (the trainer then
     #: copies each batch there from pinned memory without blocking); False: the family moves what
     #: it needs itself (for example through numpy)

@@ -40,6 +40,41 @@ COMPILE_BACKENDS = ("inductor", "aot_eager")
 #: ``keep_optimizer``: every step_* checkpoint keeps its optimizer state, or only the newest
 KEEP_OPTIMIZER = ("all", "last")
 
+#: The book's training recipe, DiT4DiT's scaled to each profile: the value of each of these
+#: :class:`TrainConfig` fields for a family whose ``train_defaults`` names none (a field left None;
+#: a value given to the job always wins). LeRobot's families name their own (ACT and TD-MPC their
+#: whole LeRobot preset); :func:`family_recipe` shows what a family trains with.
+RECIPE: dict[str, Any] = {
+    "optimizer_lr": params.by_profile(1e-4, cpu=3e-4),
+    "optimizer_weight_decay": 1e-4,
+    "optimizer_grad_clip_norm": 1.0,
+    "optimizer_betas": (0.9, 0.95),
+    "scheduler_warmup_steps": params.by_profile(0, cpu=200, gpu=1000),
+    "scheduler_decay_lr": 1e-5,
+    "augment_shift": 4,
+}
+
+
+def _same(a: Any, b: Any) -> bool:
+    return (list(a) if isinstance(a, (list, tuple)) else a) == (list(b) if isinstance(b, (list, tuple)) else b)
+
+
+def family_recipe(policy: str, profile: str | None = None) -> dict[str, Any]:
+    """What family ``policy`` trains with when the job is given none of :data:`RECIPE`'s fields, in
+    ``profile`` (None: the active one): its own ``train_defaults`` where it names a field, else the
+    book's recipe."""
+    from tutorial_utils import policies, profiles
+
+    fam = policies.family(policy)
+    profile = profile or profiles.current()
+
+    def at(value: Any) -> Any:
+        if isinstance(value, Mapping) and set(value) == set(profiles.PROFILES):
+            value = value[profile]
+        return tuple(value) if isinstance(value, list) else value
+
+    return {name: at(fam.train_defaults.get(name, value)) for name, value in RECIPE.items()}
+
 
 @dataclass
 class TrainConfig:
@@ -143,25 +178,42 @@ class TrainConfig:
         "older ones keep weights, scheduler and RNG, about a third of the size for LeRobot families, and can "
         "still be served, evaluated or used as pretrained_checkpoint, but not resumed from)",
     )
-    optimizer_lr: float = _p(
-        1e-4, "peak learning rate of the optimiser (1e-5..1e-4; lower when fine-tuning)", "optimizer", cpu=3e-4
+    # the family's recipe: None takes the family's own value (its train_defaults), else RECIPE's
+    optimizer_lr: float | None = _p(
+        None,
+        "peak learning rate of the optimiser (1e-5..1e-4; lower when fine-tuning). None: the family's recipe "
+        "(`train.config.family_recipe`)",
+        "optimizer",
     )
-    optimizer_weight_decay: float = _p(1e-4, "AdamW weight decay (0.0..0.01)", "optimizer")
-    optimizer_grad_clip_norm: float = _p(1.0, "clip the gradient norm to this (1.0); 0 disables", "optimizer")
-    optimizer_betas: tuple[float, ...] = _p((0.9, 0.95), "AdamW betas, e.g. 0.9,0.95 (DiT4DiT)", "optimizer")
-    scheduler_warmup_steps: int = _p(
-        0, "linear warm-up steps from 0 to optimizer_lr (5-10% of steps)", "scheduler", cpu=200, gpu=1000
+    optimizer_weight_decay: float | None = _p(
+        None, "AdamW weight decay (0.0..0.01). None: the family's recipe", "optimizer"
+    )
+    optimizer_grad_clip_norm: float | None = _p(
+        None, "clip the gradient norm to this; 0 disables. None: the family's recipe", "optimizer"
+    )
+    optimizer_betas: tuple[float, ...] | None = _p(
+        None, "AdamW betas, e.g. 0.9,0.95 (DiT4DiT) or 0.9,0.999 (LeRobot). None: the family's recipe", "optimizer"
+    )
+    scheduler_warmup_steps: int | None = _p(
+        None,
+        "linear warm-up steps from 0 to optimizer_lr (5-10% of steps; 0: none). None: the family's recipe",
+        "scheduler",
     )
     scheduler_decay_steps: int = _p(
         0,
         "cosine decay steps after warm-up down to scheduler_decay_lr (80-90% of steps; 0: all remaining steps)",
         "scheduler",
     )
-    scheduler_decay_lr: float = _p(1e-5, "learning rate at the end of the decay (held afterwards)", "scheduler")
-    augment_shift: int = _p(
-        4,
-        "random image shift of up to N pixels (at image_size) while training, a cheap "
-        "augmentation that helps closed-loop control; 0: off",
+    scheduler_decay_lr: float | None = _p(
+        None,
+        "learning rate at the end of the decay (held afterwards; equal to optimizer_lr: a constant rate). "
+        "None: the family's recipe",
+        "scheduler",
+    )
+    augment_shift: int | None = _p(
+        None,
+        "random image shift of up to N pixels (at image_size) while training, a cheap augmentation that helps "
+        "closed-loop control; 0: off. None: the family's recipe",
     )
     # DiT4DiT-style
     pretrained_checkpoint: str | None = _p(
@@ -252,6 +304,10 @@ class TrainConfig:
             raise ConfigError(f"policy={self.policy!r}: {exc}") from None
         if not isinstance(self.policy_config, fam.config_class):
             self.policy_config = make_config(fam, self.policy_config)
+        # a recipe field left None: the family's own value (train_defaults), else the book's recipe
+        for name, value in family_recipe(self.policy).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
 
     @classmethod
     def from_overrides(
@@ -274,6 +330,10 @@ class TrainConfig:
         start.pop("policy_config", None)
         if base is not None and own.get("policy", base.policy) == base.policy:
             policy_kv = {**dataclasses.asdict(base.policy_config), **policy_kv}
+        elif base is not None:  # another family: the base's recipe values that were its family's own go
+            for name, value in family_recipe(base.policy).items():
+                if _same(start.get(name), value):
+                    start.pop(name, None)
         fields = {f.name for f in dataclasses.fields(cls)}
         values = {**start, **{k: params.coerce(cls, k, v, k) for k, v in own.items()}}
         cfg = cls(**{k: v for k, v in values.items() if k in fields and k != "policy_config"}, policy_config=policy_kv)
@@ -393,9 +453,14 @@ def parse_overrides(items: Iterable[str]) -> dict[str, str]:
 
 def parameters_table(family: str = "mini") -> str:
     """Markdown table of every training parameter and the family's, defaults, aliases, meaning."""
-    from tutorial_utils import policies
+    from tutorial_utils import policies, profiles
 
-    own = params.markdown_table(TrainConfig, ALIASES, aliases_column=True)
+    per_profile = {p: family_recipe(family, p) for p in profiles.PROFILES}
+    derived = {
+        name: f"{family}: " + params.default_text({p: per_profile[p][name] for p in profiles.PROFILES})
+        for name in RECIPE
+    }
+    own = params.markdown_table(TrainConfig, ALIASES, aliases_column=True, derived=derived)
     fam = params.markdown_table(
         policies.family(family).config_class, prefix="policy.", aliases_column=True
     ).splitlines()[2:]

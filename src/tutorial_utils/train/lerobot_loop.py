@@ -166,7 +166,11 @@ def train(
         given = resized_copy(root, resized, resize_to)
     converted = convert(given, out / "lerobot_dataset" / root.name)
     t_convert = time.monotonic() - t0
-    lr = float(lr if lr is not None else getattr(type(model), "learning_rate", 1e-4))
+    if lr is None:  # the family's recipe, as this book's trainer would use it
+        from tutorial_utils.train.config import family_recipe
+
+        lr = family_recipe(type(model).name)["optimizer_lr"]
+    lr = float(lr)
     train_dir = out / "lerobot"
     if train_dir.exists():  # LeRobot refuses an existing output directory without resume
         shutil.rmtree(train_dir)
