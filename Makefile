@@ -11,7 +11,7 @@ export TUTORIAL_PROFILE ?= ci
 # jupyter-book, papermill and nbmake start kernels from PATH: make it this venv's.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help book test setup system venv vendor ipynb main-job html lint lint-workflows test-quick test-unit test-notebooks test-browser clean lab publish publish-gh-pages
+.PHONY: help book test setup system venv vendor ipynb main-job html lint lint-workflows test-quick test-unit test-durations test-notebooks test-browser clean lab publish publish-gh-pages
 
 help:
 	@echo "make book   set up (Debian packages, .venv), run the main job, build the HTML book into _build/html"
@@ -117,9 +117,14 @@ lint: venv
 lint-workflows: venv
 	$(VENV)/bin/actionlint -no-color .github/workflows/*.yml
 
-# the unit tests minus the `slow` (> ~5 s) and `browser` ones, on 2 workers: under 2 minutes on 2 cores
+# the unit tests minus the `slow` and `browser` ones, on 2 workers: under 2 minutes on 2 cores. A test
+# is slow when marked by hand or measured at 2 s or more (tests/durations.json, from test-durations)
 test-quick: setup
 	$(PY) -m pytest tests -m "not slow and not browser" -n 2 -p no:cacheprovider -q
+
+# measure every unit test's duration again (on a quiet machine) into tests/durations.json
+test-durations: setup
+	$(PY) -m pytest tests -m "not browser" -n 2 -p no:cacheprovider -q --record-durations
 
 # every unit test but the browser ones (LIBERO and slow included), on 2 workers: ~8 min on 2 cores
 test-unit: setup

@@ -1,7 +1,9 @@
-"""Shared test set-up: the `ci` profile, one torch thread, runs and data in temporary folders."""
+"""Shared test set-up: the `ci` profile, one torch thread, runs and data in temporary folders, and
+the `slow` mark from measured durations (``tests/durations.json``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +17,49 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
+
+#: each test's measured duration (its call, seconds, on the 2-core build machine, two xdist
+#: workers), written by ``make test-durations`` (``pytest --record-durations``)
+DURATIONS = Path(__file__).with_name("durations.json")
+#: a test measured at this or longer is marked ``slow`` and left out of ``make test-quick``
+SLOW_S = 2.0
+#: durations below this are not kept in the file (they never make a test slow)
+KEEP_S = 0.5
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help=f"write each test's call duration into {DURATIONS.name} (the slow marks come from it)",
+    )
+
+
+def measured_durations() -> dict[str, float]:
+    return json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
+
+def pytest_collection_modifyitems(config, items):
+    measured = measured_durations()
+    for item in items:
+        if measured.get(item.nodeid, 0.0) >= SLOW_S and "slow" not in item.keywords:
+            item.add_marker(pytest.mark.slow)
+
+
+_DURATIONS_SEEN: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _DURATIONS_SEEN[report.nodeid] = round(report.duration, 2)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not session.config.getoption("record_durations") or hasattr(session.config, "workerinput"):
+        return
+    merged = {**measured_durations(), **_DURATIONS_SEEN}
+    kept = {k: v for k, v in sorted(merged.items(), key=lambda kv: -kv[1]) if v >= KEEP_S}
+    DURATIONS.write_text(json.dumps(kept, indent=0) + "\n")
 
 
 def write_notebook(path: Path, cells: list[tuple[str, str]], params: str | None = None) -> Path:

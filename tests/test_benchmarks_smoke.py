@@ -202,10 +202,13 @@ def test_bench_gpu_train_uses_the_train_jobs_gpu_profile(monkeypatch):
 
     from tutorial_utils.params import profile_values
     from tutorial_utils.policies.mini import PolicyConfig
+    from tutorial_utils.train.config import family_recipe
 
     gpu = jobs.default_parameters(jupytext.read(ROOT / "notebooks" / "jobs" / "train.md"), "gpu")
     # the model's sizes are the mini family's own gpu values, the rest the train job's
     gpu.update({f.name: profile_values(f)["gpu"] for f in dataclasses.fields(PolicyConfig) if f.name not in gpu})
+    # a recipe field the job leaves None is the family's recipe (mini's: the book's)
+    gpu.update({k: v for k, v in family_recipe("mini", "gpu").items() if gpu.get(k) is None})
     assert {k: gpu[k] for k in bench.GPU_PROFILE} == bench.GPU_PROFILE
     # "after" is what the gpu profile runs with
     assert gpu["torch_compile"] is True and gpu["precision"] == "auto" and gpu["pin_memory"] is None

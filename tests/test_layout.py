@@ -209,3 +209,22 @@ def test_the_checks_themselves():
     assert _own("torch.nn") is None
     assert stage_of(f"{PACKAGE}.jobs") == "plumbing" and stage_of(f"{PACKAGE}.cli") == "orchestration"
     assert stage_of(f"{PACKAGE}.train") == "train"
+
+
+def test_every_measured_duration_names_a_test_that_exists():
+    """``tests/durations.json`` (where the ``slow`` marks come from) names only tests that exist: a
+    renamed test would silently lose its mark and slow ``make test-quick`` down."""
+    from conftest import DURATIONS, SLOW_S, measured_durations
+
+    measured = measured_durations()
+    assert measured, f"{DURATIONS} is missing or empty: run `make test-durations`"
+    tests = DURATIONS.parent
+    stale = []
+    for nodeid in measured:
+        path, _, name = nodeid.partition("::")
+        func = name.split("[")[0].split("::")[-1]
+        file = tests.parent / path
+        if not file.exists() or f"def {func}(" not in file.read_text():
+            stale.append(nodeid)
+    assert not stale, f"{DURATIONS.name} names tests that no longer exist: {stale[:5]}; run `make test-durations`"
+    assert any(v >= SLOW_S for v in measured.values())
