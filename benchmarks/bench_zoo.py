@@ -35,13 +35,13 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from tutorial_utils import zoo
+    from tutorial_utils.experiments import budget, catalog
 
     steps = args.steps or (2 if args.quick else 5)
     names = ["mini"] + [n for n in args.families.split(",") if n and n != "mini"]
     rows = []
     for name in names:
-        rows.append(zoo.time_family(name, steps, args.batch_size, zoo.timing_overrides(name), round_trips=True))
+        rows.append(budget.time_family(name, steps, args.batch_size, catalog.timing_overrides(name), round_trips=True))
         r = rows[-1]
         print(f"measured {name}: {r['s_per_step']} s/step", file=sys.stderr, flush=True)
     ref = rows[0]["s_per_step"]

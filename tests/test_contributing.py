@@ -37,7 +37,8 @@ def test_the_layout_map_names_every_stage_and_plumbing_module():
     plumbing = next(k for k in rows if k.startswith("`paths"))
     assert set(plumbing.strip("`").split()) == set(PLUMBING)
     orchestration = next(k for k in rows if "pipeline.py" in k)
-    assert set(re.findall(r"`(\w+)\.py`", orchestration)) == set(ORCHESTRATION) - {"__main__"}
+    # a module (`pipeline.py`) or a sub-package (`experiments/`)
+    assert set(re.findall(r"`(\w+)(?:\.py|/)`", orchestration)) == set(ORCHESTRATION) - {"__main__"}
 
 
 def test_every_command_shown_exists():

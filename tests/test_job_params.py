@@ -11,22 +11,33 @@ import pytest
 
 from conftest import REPO
 from tutorial_utils import jobs, params, paths
+from tutorial_utils.jobs import registry
 
 JOBS = sorted(paths.JOBS.glob("*.md"))
-#: every job and the configs its cell comes from (a job without configs would slip through the check)
-EXPECTED = {
-    "download": ["DownloadConfig"],
-    "evaluate": ["EvalConfig", "BackendParams"],
-    "record_demos": ["RecordConfig"],
-    "sweep": ["SweepConfig"],
-    "train": ["TrainConfig", "BackendParams"],
-    "zoo": ["ZooConfig"],
-}
 
 
-def test_every_job_names_its_config_classes():
-    got = {p.stem: [c.__name__ for c in jobs.config_classes(jobs.read_notebook(p))] for p in JOBS}
-    assert got == EXPECTED
+def test_every_job_notebook_names_its_registry_entry():
+    """A job notebook's front matter names its job only (``tutorial_job: <its file's name>``), the
+    registry (``jobs/registry.py``) has exactly the notebooks' jobs, and each entry's config
+    classes and extra parameters resolve: any disagreement fails here."""
+    named = {p.stem: jobs.read_notebook(p).metadata.get(jobs.JOB_METADATA) for p in JOBS}
+    assert named == {job: job for job in named}, "each job notebook's front matter must be `tutorial_job: <job>`"
+    assert set(named) == set(registry.JOBS), "notebooks/jobs/ and jobs/registry.py's JOBS name different jobs"
+    for job, entry in registry.JOBS.items():
+        assert set(entry) <= {"configs", "extra_parameters"} and entry["configs"], job
+        for ref in (*entry["configs"], *filter(None, [entry.get("extra_parameters")])):
+            assert registry.resolve(ref).__module__ == ref.partition(":")[0], f"{job}: {ref} is not defined there"
+
+
+def test_a_front_matter_that_names_no_job_entry_is_refused():
+    nb = jobs.read_notebook(paths.JOBS / "train.md")
+    assert [c.__name__ for c in jobs.config_classes(nb)] == ["TrainConfig", "BackendParams"]
+    for stale in ({"configs": ["tutorial_utils.train.config:TrainConfig"]}, "nosuch"):
+        nb.metadata[jobs.JOB_METADATA] = stale
+        with pytest.raises(jobs.JobError, match=r"names no job of tutorial_utils\.jobs\.registry\.JOBS.*train"):
+            jobs.config_classes(nb)
+    del nb.metadata[jobs.JOB_METADATA]
+    assert jobs.config_classes(nb) == [] and jobs.extra_parameters(nb, {}, {}) == ({}, None)
 
 
 @pytest.mark.parametrize("path", JOBS, ids=lambda p: p.stem)

@@ -139,7 +139,7 @@ def test_a_notebook_that_claims_its_run_dir_runs_under_the_runner(tmp_path, runs
 @pytest.mark.slow
 def test_the_train_job_notebook_runs_under_the_runner(runs_dir):
     """The real train job (ci profile: 2 steps on the synthetic dataset) through ``job run``."""
-    # a family's own parameter is a job parameter too (the front matter's extra_parameters)
+    # a family's own parameter is a job parameter too (the train job's extra_parameters in jobs/registry.py)
     res = jobs.run_notebook("notebooks/jobs/train.md", {"policy": "mlp", "hidden_dim": 48, "freeze_modules": ""})
     status = json.loads((res.run_dir / "status.json").read_text())
     assert status["state"] == "succeeded"
@@ -196,9 +196,9 @@ def test_papermill_parameter_noise_is_dropped_and_real_warnings_kept():
     itself, so papermill's warnings about them stay out of the job log; others pass."""
     import logging
 
-    from tutorial_utils import jobs
+    from tutorial_utils.jobs import runner
 
-    f = jobs._papermill_noise(["batch_size", "steps"])
+    f = runner._papermill_noise(["batch_size", "steps"])
 
     def rec(msg):
         return logging.LogRecord("papermill.translators", logging.WARNING, __file__, 1, msg, None, None)

@@ -9,12 +9,17 @@ Stages, earliest first (a module may import its own stage and earlier ones)::
 
     plumbing < hub < data < sim < policies < bridge < train < serve < evaluate < runs < report < orchestration
 
-- plumbing: the top-level modules below (``paths``, ``io``, ``jobs``...) and the package's
-  own ``__init__``;
+- plumbing: the top-level modules below (``paths``, ``io``...), the plumbing sub-packages
+  (``logs/``, ``jobs/``, each of whose modules may import only plumbing) and the package's own
+  ``__init__``;
 - a stage sub-package (``tutorial_utils/<stage>/``), its ``__init__`` included;
 - orchestration: ``pipeline``, ``zoo``, ``cli`` and ``__main__``, which may import anything.
 
 A new top-level module or sub-package must be given a stage here (the test says so).
+
+The job registry (``jobs/registry.py``) names each job's config classes as ``"module:attribute"``
+strings, resolved when a job runs: they are read from its ``JOBS`` literal and checked as edges from
+plumbing into a stage's sub-package.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ import pytest
 PACKAGE = "tutorial_utils"
 ROOT = Path(__file__).resolve().parents[1] / "src" / PACKAGE
 
-PLUMBING = ("paths", "io", "profiles", "secrets", "errors", "params", "logs", "jobs", "facts")
+PLUMBING = ("paths", "io", "profiles", "secrets", "errors", "params", "logs", "jobs")
 STAGES = ("hub", "data", "sim", "policies", "bridge", "train", "serve", "evaluate", "runs", "report")
-ORCHESTRATION = ("pipeline", "zoo", "cli", "__main__")
+ORCHESTRATION = ("pipeline", "experiments", "cli", "__main__")
 
 # rank of each stage: plumbing 0, the sub-packages 1..8, orchestration last
 RANK = {"plumbing": 0, **{s: i + 1 for i, s in enumerate(STAGES)}, "orchestration": len(STAGES) + 1}
@@ -113,9 +118,9 @@ def stage_of(name: str) -> str:
     head = parts[1]
     if head in STAGES:
         return head
-    if len(parts) == 2 and head in PLUMBING:
+    if head in PLUMBING:  # a top-level module, or a plumbing sub-package's module
         return "plumbing"
-    if len(parts) == 2 and head in ORCHESTRATION:
+    if head in ORCHESTRATION:  # likewise: experiments/ is an orchestration sub-package
         return "orchestration"
     raise AssertionError(
         f"{MODULES[name]}: module {name} has no stage. Add {head!r} to PLUMBING, STAGES or "
@@ -180,7 +185,59 @@ def test_no_import_of_a_later_stage():
     )
 
 
-@pytest.mark.parametrize("module", [PACKAGE, *(f"{PACKAGE}.{s}" for s in STAGES)])
+# --- the job registry: string edges from plumbing into the stages -----------------------------------
+REGISTRY = f"{PACKAGE}.jobs.registry"
+
+
+def _top_level_names(name: str) -> set[str]:
+    """The names module ``name`` defines or imports at its top level."""
+    found: set[str] = set()
+    for node in ast.parse(MODULES[name].read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            found |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return found
+
+
+def _registry_edges() -> dict[str, list[str]]:
+    """Job -> the ``"module:attribute"`` strings of its entry in the registry's ``JOBS`` literal,
+    read with :mod:`ast` (nothing is imported)."""
+    for node in ast.parse(MODULES[REGISTRY].read_text(encoding="utf-8")).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == "JOBS" for t in targets):
+            jobs = ast.literal_eval(node.value)
+            return {
+                job: [ref for value in entry.values() for ref in ([value] if isinstance(value, str) else value)]
+                for job, entry in jobs.items()
+            }
+    raise AssertionError(f"{MODULES[REGISTRY]}: no literal `JOBS = {{...}}` to read")
+
+
+def test_every_job_registry_entry_points_into_a_stage():
+    """The job registry names each job's entry points as strings, resolved when the job runs: an edge
+    from plumbing to a later stage that the import graph above cannot see. Each one must name a
+    module of a stage's or orchestration's sub-package (never plumbing) that defines the attribute."""
+    edges = _registry_edges()
+    assert edges and all(edges.values()), f"{MODULES[REGISTRY]}: JOBS is empty or has an empty entry"
+    problems = []
+    for job, refs in sorted(edges.items()):
+        for ref in refs:
+            module, _, attr = ref.partition(":")
+            where = f"{MODULES[REGISTRY].relative_to(ROOT.parent)}: {job}: {ref!r}"
+            if module not in MODULES or not attr:
+                problems.append(f"{where}: no module {module} in the package, or no ':attribute'")
+            elif stage_of(module) == "plumbing" or module.count(".") < 2:
+                problems.append(f"{where}: {module} is not a module of a job stage's sub-package")
+            elif attr not in _top_level_names(module):
+                problems.append(f"{where}: {module} does not define {attr}")
+    assert not problems, "the job registry points at a wrong place:\n  " + "\n  ".join(problems)
+
+
+@pytest.mark.parametrize("module", [PACKAGE, *(f"{PACKAGE}.{s}" for s in (*PLUMBING, *STAGES))])
 def test_import_is_light(module):
     code = (
         "import importlib, json, sys\n"
@@ -208,6 +265,7 @@ def test_the_checks_themselves():
     assert _own(f"{PACKAGE}.policies.base.Policy") == f"{PACKAGE}.policies.base"
     assert _own("torch.nn") is None
     assert stage_of(f"{PACKAGE}.jobs") == "plumbing" and stage_of(f"{PACKAGE}.cli") == "orchestration"
+    assert stage_of(f"{PACKAGE}.jobs.runner") == "plumbing" and stage_of(f"{PACKAGE}.logs.diagnosis") == "plumbing"
     assert stage_of(f"{PACKAGE}.train") == "train"
 
 

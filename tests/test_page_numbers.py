@@ -7,7 +7,7 @@ sources the book is built from (the prose of ``notebooks/*.md`` outside code cel
 - **rendered**: a myst-nb ``{glue:text}`` role (or any other role), or a code cell's output: those
   are not in the prose at all;
 - **a registry fact**: equal, at the precision it is written with, to a value of
-  :mod:`tutorial_utils.facts` (the facts about other systems, each with its source); a number
+  :mod:`tutorial_utils.report.facts` (the facts about other systems, each with its source); a number
   written with a measurement unit (``ms``, ``GB``, ``%``...) must also match the fact's unit;
 - **allow-listed**: not a measurement. The whole allow-list:
 
@@ -25,7 +25,7 @@ sources the book is built from (the prose of ``notebooks/*.md`` outside code cel
      ("2 workers", "4 Euler steps"; but not "9 min", "3/5" or "4x").
 
 Everything else is a measurement: glue it from the promoted file it comes from (``logs/``,
-``assets/``), or, if it is a fact about another system, add it to ``tutorial_utils.facts``
+``assets/``), or, if it is a fact about another system, add it to ``tutorial_utils.report.facts``
 with its source.
 """
 
@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from tutorial_utils import facts
+from tutorial_utils.report import facts
 
 PAGES = sorted((REPO / "notebooks").glob("*.md")) + sorted((REPO / "book").glob("*.md"))
 
@@ -252,9 +252,9 @@ def findings(path: Path) -> list[str]:
 def test_every_number_on_the_page_is_rendered_a_fact_or_allow_listed(path):
     found = findings(path)
     assert not found, (
-        f"{len(found)} typed number(s) that are neither glued nor a tutorial_utils.facts value "
+        f"{len(found)} typed number(s) that are neither glued nor a tutorial_utils.report.facts value "
         "(glue run-derived numbers from logs/ or assets/; add facts about other systems to "
-        "tutorial_utils.facts with their source):\n" + "\n".join(found)
+        "tutorial_utils.report.facts with their source):\n" + "\n".join(found)
     )
 
 

@@ -169,7 +169,7 @@ def test_the_results_summary_is_rendered_from_the_promoted_files(copies):
 
 
 def test_every_fact_links_to_a_reference_the_book_cites():
-    from tutorial_utils import facts
+    from tutorial_utils.report import facts
 
     refs = (REPO / "book" / "references.md").read_text()
     for name in facts.FACTS:

@@ -80,10 +80,10 @@ def test_docstrings_agree_that_the_trainer_trains_tdmpc_and_say_what_ran():
 
 
 def test_the_zoo_says_what_ran_instead_of_pointing_to_a_missing_chapter():
-    from tutorial_utils import zoo
+    from tutorial_utils.experiments import catalog
 
     with pytest.raises(ConfigError) as err:
-        zoo.parse_families("sac")
+        catalog.parse_families("sac")
     assert "chapter" not in str(err.value) and "never" in str(err.value)
 
 

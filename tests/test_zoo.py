@@ -1,4 +1,4 @@
-"""The model zoo comparison (tutorial_utils.zoo): families, budget, a real (tiny) zoo run through the
+"""The model zoo comparison (tutorial_utils.experiments): families, budget, a real (tiny) zoo run through the
 train and evaluate jobs, its table, figures and promotion."""
 
 from __future__ import annotations
@@ -7,25 +7,26 @@ import json
 
 import pytest
 
-from tutorial_utils import paths, zoo
+from tutorial_utils import paths
 from tutorial_utils.errors import ConfigError
+from tutorial_utils.experiments import budget, catalog, coverage, sweep, zoo
 from tutorial_utils.report import zoo_tables
 from tutorial_utils.train import speed
 
 
 def test_families_are_checked_with_a_teaching_error():
-    assert zoo.parse_families(" mini, act ") == ["mini", "act"]
+    assert catalog.parse_families(" mini, act ") == ["mini", "act"]
     # a trainable family outside the comparison may run (the positive control names mlp)
-    assert "mlp" not in zoo.comparison_families() and zoo.parse_families("mini,mlp") == ["mini", "mlp"]
+    assert "mlp" not in catalog.comparison_families() and catalog.parse_families("mini,mlp") == ["mini", "mlp"]
     with pytest.raises(ConfigError, match="'nosuch' is not in the zoo.*trainable families: .*act"):
-        zoo.parse_families("mini,nosuch")
-    assert zoo.parse_families("tdmpc") == ["tdmpc"]  # trained offline by the trainer: a control may run it
+        catalog.parse_families("mini,nosuch")
+    assert catalog.parse_families("tdmpc") == ["tdmpc"]  # trained offline by the trainer: a control may run it
     with pytest.raises(ConfigError, match="'sac' is not in the zoo.*reinforcement learning"):
-        zoo.parse_families("sac")  # the trainer refuses SAC
+        catalog.parse_families("sac")  # the trainer refuses SAC
     with pytest.raises(ConfigError, match="twice"):
-        zoo.parse_families("act,act")
+        catalog.parse_families("act,act")
     with pytest.raises(ConfigError, match="at least one"):
-        zoo.parse_families(" , ")
+        catalog.parse_families(" , ")
 
 
 def test_budget_turns_minutes_into_steps():
@@ -38,10 +39,10 @@ def test_budget_turns_minutes_into_steps():
 
 @pytest.mark.slow
 def test_calibrate_times_the_real_trainer(tmp_path):
-    t = zoo.calibrate("mini", "synthetic", batch_size=2, num_workers=0, steps=10, log_freq=2)
+    t = budget.calibrate("mini", "synthetic", batch_size=2, num_workers=0, steps=10, log_freq=2)
     assert t["s_per_step"] > 0 and t["steps"] == 10 and t["wall_s"] > 0
     with pytest.raises(RuntimeError, match="more steps than log_freq"):
-        zoo.calibrate("mini", "synthetic", batch_size=2, num_workers=0, steps=2, log_freq=5)
+        budget.calibrate("mini", "synthetic", batch_size=2, num_workers=0, steps=2, log_freq=5)
 
 
 @pytest.mark.slow
@@ -102,13 +103,13 @@ def test_the_catalog_matches_the_policy_registry():
     names a GPU recipe is in the catalog (mlp is the book's own baseline, not a guide family)."""
     from tutorial_utils import policies
 
-    cat = zoo.catalog()
+    cat = catalog.catalog()
     registered = set(policies.available())
     assert set(cat.index) <= registered
     # (a test that registers a family of its own restores the registry afterwards: the `registry` fixture)
     ours = set(policies.trainable()) | set(policies.gpu_server())
     assert ours - {"mlp"} == set(cat.index)
-    assert set(cat.index[cat["in the comparison"]]) == set(zoo.FAMILIES)
+    assert set(cat.index[cat["in the comparison"]]) == set(catalog.comparison_families())
     assert cat.loc["smolvla", "GPU server"] and not cat.loc["smolvla", "trains here"]
     # the RL rows say what ran: SAC a smoke test the trainer does not train; TD-MPC trained offline, evaluated
     assert not cat.loc["sac", "trains here"]
@@ -122,20 +123,20 @@ def test_the_zoo_adds_only_its_warm_up_to_a_family_recipe():
     assert zoo._family_schedule("tdmpc", 1083) == {}
     assert zoo._family_schedule("diffusion", 1000) == {"scheduler_warmup_steps": 100}
     assert zoo._family_schedule("mlp", 5000) == {"scheduler_warmup_steps": 200}
-    assert zoo.learning_rate("act") == 1e-4 and zoo.learning_rate("tdmpc") == 3e-4
+    assert catalog.learning_rate("act") == 1e-4 and catalog.learning_rate("tdmpc") == 3e-4
 
 
 def test_sweep_values_are_typed_and_checked():
-    assert zoo.parse_values("mini", "optimizer_lr", "1e-4, 3e-4") == [1e-4, 3e-4]
-    assert zoo.parse_values("mlp", "hidden_dim", "32,64") == [32, 64]  # a family's own parameter
+    assert sweep.parse_values("mini", "optimizer_lr", "1e-4, 3e-4") == [1e-4, 3e-4]
+    assert sweep.parse_values("mlp", "hidden_dim", "32,64") == [32, 64]  # a family's own parameter
     with pytest.raises(ConfigError, match="'chunk_size' is not a training parameter of policy='mini'"):
-        zoo.parse_values("mini", "chunk_size", "8,16")
+        sweep.parse_values("mini", "chunk_size", "8,16")
     with pytest.raises(ConfigError, match="at least two different values"):
-        zoo.parse_values("mini", "optimizer_lr", "1e-4,1e-4")
+        sweep.parse_values("mini", "optimizer_lr", "1e-4,1e-4")
     with pytest.raises(ConfigError, match="optimizer_lr"):
-        zoo.parse_values("mini", "optimizer_lr", "fast,slow")
+        sweep.parse_values("mini", "optimizer_lr", "fast,slow")
     with pytest.raises(ConfigError, match="not a training parameter"):
-        zoo.parse_values("mini", "dataset", "a,b")
+        sweep.parse_values("mini", "dataset", "a,b")
 
 
 @pytest.mark.slow
@@ -143,7 +144,7 @@ def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_d
     monkeypatch.setattr(paths, "LOGS", tmp_path / "logs")
     monkeypatch.setattr(paths, "PROMOTED", tmp_path / "promoted")
     (tmp_path / "logs").mkdir()
-    out = zoo.sweep(
+    out = sweep.sweep(
         tmp_path / "sw", param="hidden_dim", values="16,32", policy="mlp", steps=2, eval_freq=1,
         batch_size=2, max_steps=5,
     )  # fmt: skip
@@ -201,7 +202,7 @@ def test_demonstrations_say_which_evaluated_init_states_were_demonstrated(tmp_pa
     }
     man["episodes"].append({"task_id": 1, "init_state": 0, "success": False})  # the expert failed: not in the data
     (root / "meta" / "record_manifest.json").write_text(json.dumps(man))
-    d = zoo.demonstrations(str(root), "libero_spatial", "0,1", trials_per_task=5)
+    d = coverage.demonstrations(str(root), "libero_spatial", "0,1", trials_per_task=5)
     assert d == {
         "episodes": 5,
         "per_task_min": 2,
@@ -210,7 +211,7 @@ def test_demonstrations_say_which_evaluated_init_states_were_demonstrated(tmp_pa
         "eval_pairs": 10,
         "eval_pairs_seen": 2,  # task 0 from init states 3 and 4; task 1's failed init state 0 does not count
     }
-    assert zoo.demonstrations("synthetic", "libero_spatial", "0", 1) is None
+    assert coverage.demonstrations("synthetic", "libero_spatial", "0", 1) is None
 
 
 def test_ladder_lines_up_one_family_under_several_budgets():
@@ -243,10 +244,10 @@ def test_side_by_side_sets_two_budgets_of_the_same_families_beside_each_other():
 
 def test_the_zoo_waits_for_a_quiet_machine_before_timing_a_family(monkeypatch):
     loads = iter([1.9, 1.9, 1.4, 0.8, 0.8, 0.8])
-    monkeypatch.setattr(zoo.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
-    monkeypatch.setattr(zoo.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(budget.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(budget.os, "cpu_count", lambda: 2)
     naps = []
-    before, after, waited = zoo.settle(max_s=60, poll_s=5, sleep=naps.append)
+    before, after, waited = budget.settle(max_s=60, poll_s=5, sleep=naps.append)
     assert (before, after) == (1.9, 0.8) and waited == 10 and naps == [5, 5]  # until below half the cores
-    monkeypatch.setattr(zoo.os, "getloadavg", lambda: (2.5, 0.0, 0.0))
-    assert zoo.settle(max_s=15, poll_s=5, sleep=lambda s: None)[2] == 15  # never quiet: gives up at max_s
+    monkeypatch.setattr(budget.os, "getloadavg", lambda: (2.5, 0.0, 0.0))
+    assert budget.settle(max_s=15, poll_s=5, sleep=lambda s: None)[2] == 15  # never quiet: gives up at max_s

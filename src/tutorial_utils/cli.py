@@ -12,7 +12,7 @@ import sys
 #: command -> (module, help). Each module defines ``main(argv: list[str]) -> int``.
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("tutorial_utils.report.doctor", "check this machine: accelerators, VRAM, disk, tokens, proxy, GL"),
-    "job": ("tutorial_utils.jobs", "run a job notebook with papermill (`job run NOTEBOOK -p key value`)"),
+    "job": ("tutorial_utils.jobs.runner", "run a job notebook with papermill (`job run NOTEBOOK -p key value`)"),
     "book": ("tutorial_utils.report.book", "notebook twins, book build, page checks"),
     "hub": ("tutorial_utils.hub.cli", "plan, download and verify the official chain's Hub assets"),
     "bridge": (
@@ -39,14 +39,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "the main job: record -> train -> evaluate -> promote (reuses finished runs)",
     ),
     "zoo": (
-        "tutorial_utils.zoo",
+        "tutorial_utils.experiments.zoo",
         "the model zoo comparison's table and promotion (the zoo job runs it: notebooks/jobs/zoo.md)",
     ),
     "promote": (
         "tutorial_utils.report.promote",
         "copy a finished run's real logs, results and a video into logs/ and assets/",
     ),
-    "logs": ("tutorial_utils.logs", "parse run logs and diagnose which stage failed"),
+    "logs": ("tutorial_utils.logs.diagnosis", "parse run logs and diagnose which stage failed"),
     "lab": ("tutorial_utils.report.lab", "JupyterLab on the chapters (127.0.0.1, token file); `lab publish DIR`"),
 }
 

@@ -73,6 +73,13 @@ def param(default: Any, help: str, group: str = "job", *, cpu: Any = SAME, gpu: 
     return dataclasses.field(default=default, metadata=meta)
 
 
+def at_least_one(**values: Any) -> None:
+    """A ConfigError naming the first of ``values`` below 1 (``steps=0 must be >= 1``)."""
+    for key, value in values.items():
+        if int(value) < 1:
+            raise ConfigError(f"{key}={value} must be >= 1")
+
+
 def profile_values(f: dataclasses.Field) -> dict[str, Any]:
     """A field's value in each profile (the same value three times for a field without profiles)."""
     if "profiles" in f.metadata:

@@ -121,7 +121,7 @@ def test_cli_refuses_an_existing_run_dir(typed_nb, tmp_path):
 
 
 def test_heartbeat_is_refreshed_while_the_job_runs(tmp_path, runs_dir, monkeypatch):
-    monkeypatch.setattr(jobs, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(jobs.records, "HEARTBEAT_S", 0.2)
     nb = write_notebook(
         tmp_path / "beat.md",
         [
@@ -187,7 +187,7 @@ def test_sigkilled_runner_shows_as_stale(tmp_path):
 
 def test_heartbeat_and_job_updates_never_lose_each_other(tmp_path, runs_dir, monkeypatch):
     """The heartbeat (runner) and update_status (kernel) both merge into status.json."""
-    monkeypatch.setattr(jobs, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(jobs.records, "HEARTBEAT_S", 0.01)
     nb = write_notebook(
         tmp_path / "busy.md",
         [

@@ -47,7 +47,7 @@ class TrainablePolicy:
     catalog: ClassVar[Mapping[str, str] | None] = None
     #: whether ``python -m tutorial_utils train policy=<name>`` (the project's trainer) trains it
     trains_here: ClassVar[bool] = True
-    #: whether the zoo's comparison trains and evaluates it (``zoo.FAMILIES``)
+    #: whether the zoo's comparison trains and evaluates it (``experiments.catalog.comparison_families``)
     comparison: ClassVar[bool] = False
     #: config overrides that only the zoo's step timing uses (``{field: value}``)
     timing_overrides: ClassVar[Mapping[str, Any]] = {}

@@ -213,7 +213,7 @@ def results_summary_md() -> tuple[str, list[Path]]:
 
 def facts_md() -> tuple[str, list[Path]]:
     """Every fact of the registry with its value, unit, source and a link to that source."""
-    from tutorial_utils import facts
+    from tutorial_utils.report import facts
 
     rows = []
     for name in sorted(facts.FACTS):

@@ -1,6 +1,6 @@
 """Reading a zoo's or a sweep's results (``zoo.json``, ``sweep.json`` or a promoted ``logs/*.json``):
 the tables and figures chapters 8 and 9 show. The experiments that write them are
-:mod:`tutorial_utils.zoo` (the zoo and sweep jobs); this module only reads."""
+:mod:`tutorial_utils.experiments` (the zoo and sweep jobs); this module only reads."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def ladder(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
     """One family's results under several budgets as a pandas DataFrame indexed by rung: each rung
     is ``(label, zoo, row)`` (a zoo's results and the family's row in it). Columns: the
     demonstrations (episodes, per task, init states, how many evaluated (task, init state) pairs
-    were demonstrated: :func:`demonstrations`), steps, batch size, training minutes, best
+    were demonstrated: :func:`tutorial_utils.experiments.coverage.demonstrations`), steps, batch size, training minutes, best
     validation error, replan steps, success and its 95% interval."""
     import pandas as pd
 

@@ -127,7 +127,7 @@ def check_stale(d: Path, status: dict, state: str) -> list[Finding]:
         if not isinstance(entry, dict) or entry.get("state") != "running":
             continue
         pid, host = entry.get("pid"), entry.get("host")
-        if host == socket.gethostname() and isinstance(pid, int) and not jobs._pid_alive(pid):
+        if host == socket.gethostname() and isinstance(pid, int) and not jobs.pid_alive(pid):
             why.append(f"its {name} process (pid {pid} on {host}) is gone")
             continue
         try:

@@ -59,8 +59,8 @@ def resolve_dataset(dataset: str, run_dir: str | os.PathLike) -> Path:
 def family_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     """The train job's parameters beyond its ``parameters`` cell: the chosen family's own
     (``policy``'s config fields with their defaults), so ``-p policy act -p chunk_size 16`` is a
-    job parameter like any other (the notebook's front matter names this function for
-    :func:`tutorial_utils.jobs.run_notebook`)."""
+    job parameter like any other (the train job's entry in :data:`tutorial_utils.jobs.registry.JOBS`
+    names this function for :func:`tutorial_utils.jobs.run_notebook`)."""
     import dataclasses
 
     from tutorial_utils import params, policies

@@ -1,431 +1,46 @@
-"""The log lines the book, the checks and the diagnosis depend on, in one place.
+"""The diagnosis of a run's logs: which success signs were seen, which stage failed and why.
 
-Formats follow DiT4DiT's training script and LIBERO client and openpi's server (docs/FACTS.md
-sections 1, 4, 5), so one parser reads both the ``mini`` and the ``dit4dit`` backend.
-Writers (``train``, ``evaluate``, ``serving``) format with these constants; parsers match them.
+The detectors hold upstream DiT4DiT's real error strings (docs/FACTS.md section 11), each with its
+cause and fix; :func:`diagnose` reads a run directory's logs with the parsers of
+:mod:`tutorial_utils.logs.lines` and names the stage that failed. CLI:
+``python -m tutorial_utils logs diagnose RUN_DIR`` and ``python -m tutorial_utils logs parse KIND LOG``.
 """
 
 from __future__ import annotations
 
-# --- training (DiT4DiT/training/train.py) ---------------------------------------------------
-TRAIN_TOTAL_PARAMS = "Total parameters: {n:,} ({m:.3f}M)"
-TRAIN_TRAINABLE_PARAMS = "Trainable parameters: {n:,} ({m:.3f}M)"
-TRAIN_FROZEN_PARAMS = "Frozen parameters: {n:,} ({m:.3f}M)"
-TRAIN_RATIO = "Trainable ratio: {pct:.2f}%"
-TRAIN_TOTAL_STEPS = "  Total optimization steps = {n}"
-TRAIN_PER_DEVICE_BATCH = "  Per device batch size = {n}"
-TRAIN_DATALOADER_LEN = "  len(vla_train_dataloader) = {n}"
-TRAIN_STEP_LOSS = "[Exp: {run_id}] Step {step}, Loss: {losses}"
-TRAIN_COMPLETE = "Training complete. Final model saved at {path}"
+import json
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
-# --- policy server (DiT4DiT server_policy.py / websockets / openpi) --------------------------
-SERVER_RUNNING = "server running on {host}:{port}"
-SERVER_LISTENING = "server listening on {host}:{port}"
-SERVER_CONNECTION_OPEN = "connection open"
-SERVER_CONNECTION_FROM = "Connection from {addr} opened"
-SERVER_CONNECTION_CLOSED = "Connection from {addr} closed"
-SERVER_REQUEST_ERROR = "request from {addr} failed: {error}"
-SERVER_STOPPED = "server stopped after {requests} requests ({errors} errors)"
-SERVER_POLICY_UNAVAILABLE = "cannot serve policy {policy}: {reason}"
+from tutorial_utils.logs.lines import (
+    EVAL_EGL_HARMLESS,
+    log_text,
+    parse_eval_log,
+    parse_server_log,
+    parse_train_log,
+    traceback_errors,
+)
 
-# --- LIBERO client (eval_libero.py / openpi examples/libero/main.py) ------------------------
-EVAL_TASK = "Task: {task}"
-EVAL_STARTING_EPISODE = "Starting episode {n}..."
-EVAL_SUCCESS = "Success: {success}"
-EVAL_EPISODES_SO_FAR = "# episodes completed so far: {n}"
-EVAL_SUCCESSES = "# successes: {n} ({pct:.1f}%)"
-EVAL_TASK_RATE = "Current task success rate: {rate}"
-EVAL_TOTAL_RATE_SO_FAR = "Current total success rate: {rate}"
-EVAL_TOTAL_RATE = "Total success rate: {rate}"
-EVAL_TOTAL_EPISODES = "Total episodes: {n}"
-EVAL_EGL_HARMLESS = "EGL_NOT_INITIALIZED"
-
-
-# --- parsers ----------------------------------------------------------------------------------
-#
-# Each pattern is built from the constant above, so a writer and its parser cannot drift.
-# Lines may carry a prefix (a timestamp, a logger name): patterns match anywhere in a line.
-
-import ast as _ast
-import json as _json
-import os as _os
-import re as _re
-import sys as _sys
-from dataclasses import asdict as _asdict
-from dataclasses import dataclass as _dataclass
-from dataclasses import field as _field
-from pathlib import Path as _Path
-from typing import Any as _Any
-
-_FIELD = _re.compile(r"\{(\w+)(?::[^}]*)?\}")
-
-
-def pattern(fmt: str) -> _re.Pattern[str]:
-    """A regex for lines written with ``fmt`` (each ``{name}`` becomes a named group)."""
-    out, pos = [], 0
-    for m in _FIELD.finditer(fmt):
-        out.append(_re.escape(fmt[pos : m.start()]))
-        out.append(f"(?P<{m.group(1)}>.+?)")
-        pos = m.end()
-    out.append(_re.escape(fmt[pos:]))
-    return _re.compile("".join(out) + r"\s*$")
-
-
-_P = {
-    name: pattern(globals()[name])
-    for name in (
-        "TRAIN_TOTAL_PARAMS",
-        "TRAIN_TRAINABLE_PARAMS",
-        "TRAIN_FROZEN_PARAMS",
-        "TRAIN_RATIO",
-        "TRAIN_TOTAL_STEPS",
-        "TRAIN_DATALOADER_LEN",
-        "TRAIN_STEP_LOSS",
-        "TRAIN_COMPLETE",
-        "SERVER_LISTENING",
-        "SERVER_CONNECTION_FROM",
-        "SERVER_CONNECTION_CLOSED",
-        "SERVER_REQUEST_ERROR",
-        "EVAL_TASK",
-        "EVAL_STARTING_EPISODE",
-        "EVAL_SUCCESS",
-        "EVAL_EPISODES_SO_FAR",
-        "EVAL_SUCCESSES",
-        "EVAL_TASK_RATE",
-        "EVAL_TOTAL_RATE_SO_FAR",
-        "EVAL_TOTAL_RATE",
-        "EVAL_TOTAL_EPISODES",
-    )
-}
-#: DiT4DiT prints ``server running ...`` with its own wording after it: match the prefix.
-_SERVER_RUNNING = _re.compile(r"\bserver running\b")
-_CONNECTION_OPEN = _re.compile(r"\b" + _re.escape(SERVER_CONNECTION_OPEN) + r"\b")
-_PORT_IN_USE = _re.compile(r"already in use|Address in use|EADDRINUSE|Errno 98", _re.I)
-_TRACEBACK = "Traceback (most recent call last):"
-_ERROR_LINE = _re.compile(r"^(?:[\w.]+(?:Error|Exception|Unavailable|Died|Failed)|KeyboardInterrupt|SystemExit)\b.*")
-
-
-def _text(source: str | _os.PathLike) -> str:
-    """A log's text from a path or the text itself, normalised (see :func:`normalise`)."""
-    if isinstance(source, _os.PathLike) or (
-        isinstance(source, str) and "\n" not in source and len(source) < 4096 and _Path(source).is_file()
-    ):
-        with open(source, encoding="utf-8", errors="replace", newline="") as f:  # keep tqdm's \r redraws
-            return normalise(f.read())
-    return normalise(str(source))
-
-
-# --- upstream's log format (FACTS section 11) ------------------------------------------------------
-#
-# Every upstream process that imports the DiT4DiT package logs through a Rich handler on the root
-# logger: a time column (blank when it repeats), an 8-cell level column, the message formatted as
-# ``| >> <message>``, and a ``file.py:N`` column on the right; messages wrap inside their column
-# (80 columns when the output is not a terminal). ``server_policy.py`` logs plain ``INFO:root:...``.
-# ``normalise`` turns both back into the plain message lines the parsers read.
-
-#: The prefix upstream's Rich formatter puts in front of every message.
-RICH_PREFIX = "| >> "
-_LEVELS = "DEBUG|INFO|WARNING|ERROR|CRITICAL"
-_RICH_LEVEL_WIDTH = 8  # Rich's level column, then one space
-_RICH_RECORD = _re.compile(rf"^(?P<time>[^A-Za-z]*?)(?P<level>{_LEVELS})(?P<pad> +)(?P<rest>.*?) *$")
-_RICH_PATH = _re.compile(r" (?P<path>[\w.\-<>]+:\d+)$")
-_RICH_TIME = _re.compile(r"[\d/:.,\-\[\]() ]*\d[\d/:.,\-\[\]() ]* ")
-_PLAIN_LOGGING = _re.compile(rf"^(?:{_LEVELS}):[^:\s]*:")
-_PLAIN_LOGGING_M = _re.compile(rf"^(?:{_LEVELS}):[^:\s]*:", _re.M)
-_ANSI = _re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
-_TQDM_BAR = _re.compile(r"\s*(?:[^\r\n|]*?:\s*)?\d{1,3}%\|[^|\n]*\|[^\[\n]*\[[^\]\n]*\]")
-#: A wrapped line whose next word would have fitted this many cells short of the edge: a newline.
-_NEWLINE_MARGIN = 8
-_BOX = "╭│╰┃┏┗"
-
-
-def _cells(text: str) -> int:
-    """Terminal cells ``text`` takes (wide characters such as emoji take two), as Rich counts them."""
-    import unicodedata
-
-    n = 0
-    for ch in text:
-        if ch.isascii():
-            n += 1
-        elif unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf") or 0xFE00 <= ord(ch) <= 0xFE0F:
-            continue
-        else:
-            n += 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
-    return n
-
-
-def _physical(line: str) -> str:
-    """One physical line without colour codes and progress-bar redraws (``\\r``, tqdm bars)."""
-    line = _ANSI.sub("", line)
-    if "\r" not in line and "%|" not in line:
-        return line
-    parts = [p for p in line.split("\r") if p.strip()]
-    if not parts:
-        return ""
-    kept = [_TQDM_BAR.sub("", p) for p in parts]
-    text = [k for k in kept if k.strip()]
-    return text[-1] if text else parts[-1]
-
-
-def _rich_record(line: str) -> tuple[int, int | None, str] | None:
-    """(message column start, message column width or None, first message segment) of a Rich record."""
-    m = _RICH_RECORD.match(line)
-    if not m or len(m.group("level")) + len(m.group("pad")) < _RICH_LEVEL_WIDTH + 1:
-        return None
-    t = m.group("time")
-    if t and not (t.strip() == "" or _RICH_TIME.fullmatch(t)):
-        return None
-    start = m.start("level") + _RICH_LEVEL_WIDTH + 1
-    body = line[start:].rstrip()
-    p = _RICH_PATH.search(body)
-    if p is None:
-        return None  # upstream always shows the path column; without it this is someone else's format
-    width = _cells(line[start : start + p.start()])
-    return start, width, body[: p.start()].rstrip()
-
-
-def _join_record(segments: list[str], width: int | None) -> list[str]:
-    """The message lines of one Rich record from its wrapped segments (Rich's own wrapping rules:
-    greedy on spaces, a word longer than the column starts a line and is folded)."""
-    out: list[str] = []
-    prev: str | None = None
-    for seg in segments:
-        if seg[:1] in _BOX:
-            if "Traceback" in seg:
-                out.append("Traceback (most recent call last):")
-            prev = None
-            continue
-        if prev is None or not seg or seg[0] == " ":
-            out.append(seg)
-        elif width is not None and _cells(prev) >= width and " " not in prev:
-            out[-1] += seg  # a folded word
-        elif (width is None and prev == RICH_PREFIX.rstrip()) or (
-            width is not None
-            and _cells(prev) + 1 + _cells(seg.split(" ", 1)[0]) <= width - (0 if prev == "| >>" else _NEWLINE_MARGIN)
-        ):
-            # the word would have fitted: the message had a newline here (the margin allows for the
-            # run of spaces Rich drops at a wrap, as in "Total parameters:      N")
-            out.append(seg)
-        else:
-            out[-1] += " " + seg  # wrapped at a space
-        prev = seg
-    if out:
-        out[0] = out[0][len(RICH_PREFIX) :] if out[0].startswith(RICH_PREFIX) else out[0].removeprefix("| >>")
-    return out
-
-
-def normalise(text: str) -> str:
-    """Upstream's Rich-formatted or plain log text -> the plain message lines the parsers read.
-
-    Rich records (80 or 200 columns) lose their time, level and ``file.py:N`` columns and the
-    ``| >> `` prefix, and their wrapped lines are joined back; ``LEVEL:logger:`` prefixes of plain
-    Python logging, colour codes and progress-bar redraws are removed. Other lines (our own
-    logs, tracebacks, ``print`` output) are kept as they are, so ``normalise`` is idempotent.
-    """
-    if not any(sign in text for sign in (RICH_PREFIX, "\r", "\x1b", "%|")):  # no Rich, redraws or colours
-        return _PLAIN_LOGGING_M.sub("", text)
-    out: list[str] = []
-    rec: tuple[int, int | None, list[str]] | None = None
-
-    def flush() -> None:
-        if rec is not None:
-            out.extend(_join_record(rec[2], rec[1]))
-
-    for raw in text.replace("\r\n", "\n").split("\n"):
-        line = _physical(raw)
-        head = _rich_record(line)
-        if head is not None:
-            flush()
-            rec = (head[0], head[1], [head[2]])
-            continue
-        if rec is not None and line[: rec[0]].strip() == "" and len(line) >= rec[0] and line.strip():
-            rec[2].append(line[rec[0] :].rstrip())
-            continue
-        if rec is not None and line.strip() == "" and len(line) >= rec[0]:
-            rec[2].append("")  # an empty line inside a message
-            continue
-        flush()
-        rec = None
-        out.append(_PLAIN_LOGGING.sub("", line, count=1))
-    flush()
-    return "\n".join(out)
-
-
-def _num(text: str) -> float | int:
-    t = text.strip().rstrip("%").replace(",", "")
-    try:
-        return int(t)
-    except ValueError:
-        return float(t)
-
-
-def _errors(lines: list[str]) -> list[str]:
-    """The last line of each traceback (``SomeError: message``), in order."""
-    found, in_tb = [], False
-    for ln in lines:
-        s = ln.strip()
-        if s.startswith(_TRACEBACK):
-            in_tb = True
-            continue
-        if in_tb and _ERROR_LINE.match(s):
-            found.append(s)
-            in_tb = False
-    return found
-
-
-def parse_losses(text: str) -> dict[str, float]:
-    """``{'action_dit_loss': 0.1, ...}`` -> dict (also with ``nan``/``inf``, tensor reprs, keys such as
-    ``learning_rate/<group>`` and the stray ``)`` upstream prints after the dict)."""
-    text = text.strip()
-    while text.endswith(")") and text.count(")") > text.count("("):
-        text = text[:-1].rstrip()
-    try:
-        val = _ast.literal_eval(text)
-        if isinstance(val, dict):
-            return {str(k): float(v) for k, v in val.items()}
-    except (ValueError, SyntaxError, TypeError):
-        pass
-    out = {}
-    for k, v in _re.findall(
-        r"['\"]?([\w/.\-]+)['\"]?\s*:\s*(?:tensor\(|np\.float\d+\()?([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))",
-        text,
-    ):
-        out[k] = float(v)
-    return out
-
-
-def parse_train_log(source: str | _os.PathLike) -> dict[str, _Any]:
-    """DiT4DiT-format training log (FACTS section 1) -> parameters, steps and losses, completion."""
-    lines = _text(source).splitlines()
-    res: dict[str, _Any] = {
-        "total_params": None,
-        "trainable_params": None,
-        "frozen_params": None,
-        "trainable_ratio": None,
-        "total_steps": None,
-        "dataloader_len": None,
-        "run_id": None,
-        "steps": [],
-        "final_model": None,
-        "errors": _errors(lines),
-    }
-    keys = {
-        "TRAIN_TOTAL_PARAMS": "total_params",
-        "TRAIN_TRAINABLE_PARAMS": "trainable_params",
-        "TRAIN_FROZEN_PARAMS": "frozen_params",
-    }
-    for ln in lines:
-        for const, key in keys.items():
-            m = _P[const].search(ln)
-            if m:
-                res[key] = _num(m.group("n"))
-        if m := _P["TRAIN_RATIO"].search(ln):
-            res["trainable_ratio"] = _num(m.group("pct"))
-        if m := _P["TRAIN_TOTAL_STEPS"].search(ln):
-            res["total_steps"] = _num(m.group("n"))
-        if m := _P["TRAIN_DATALOADER_LEN"].search(ln):
-            res["dataloader_len"] = _num(m.group("n"))
-        if m := _P["TRAIN_STEP_LOSS"].search(ln):
-            res["run_id"] = m.group("run_id")
-            res["steps"].append({"step": _num(m.group("step")), "losses": parse_losses(m.group("losses"))})
-        if m := _P["TRAIN_COMPLETE"].search(ln):
-            res["final_model"] = m.group("path")
-    return res
-
-
-def parse_server_log(source: str | _os.PathLike) -> dict[str, _Any]:
-    """Policy server log (ours, DiT4DiT's or openpi's) -> startup, connections, request errors."""
-    lines = _text(source).splitlines()
-    res: dict[str, _Any] = {
-        "running": False,
-        "listening": [],
-        "connections_open": 0,
-        "connections_from": [],
-        "connections_closed": 0,
-        "request_errors": [],
-        "port_in_use": False,
-        "errors": _errors(lines),
-        "stopped": False,
-        "policy_unavailable": [],
-    }
-    stopped = pattern(SERVER_STOPPED)
-    unavailable = pattern(SERVER_POLICY_UNAVAILABLE)
-    for ln in lines:
-        if _SERVER_RUNNING.search(ln):
-            res["running"] = True
-        if m := _P["SERVER_LISTENING"].search(ln):
-            res["listening"].append(f"{m.group('host')}:{m.group('port')}")
-        elif "server listening on" in ln:
-            res["listening"].append(ln.split("server listening on", 1)[1].strip())
-        if _CONNECTION_OPEN.search(ln):
-            res["connections_open"] += 1
-        if m := _P["SERVER_CONNECTION_FROM"].search(ln):
-            res["connections_from"].append(m.group("addr"))
-        if _P["SERVER_CONNECTION_CLOSED"].search(ln):
-            res["connections_closed"] += 1
-        if m := _P["SERVER_REQUEST_ERROR"].search(ln):
-            res["request_errors"].append(m.group("error"))
-        if _PORT_IN_USE.search(ln):
-            res["port_in_use"] = True
-        if stopped.search(ln):
-            res["stopped"] = True
-        if m := unavailable.search(ln):
-            res["policy_unavailable"].append(m.group("reason"))
-    return res
-
-
-def _bool(text: str) -> bool | None:
-    return {"true": True, "false": False}.get(text.strip().lower())
-
-
-def parse_eval_log(source: str | _os.PathLike) -> dict[str, _Any]:
-    """LIBERO client log (FACTS section 5) -> per task episodes and rates, totals, EGL noise.
-
-    ``tasks``: ``[{"task", "episodes": [{"episode", "success"}], "task_rate"}]``;
-    ``total_rate``/``total_episodes``: from the final lines (None when missing);
-    ``egl_after_total``: the harmless ``EGL_NOT_INITIALIZED`` at exit.
-    """
-    lines = _text(source).splitlines()
-    res: dict[str, _Any] = {
-        "tasks": [],
-        "episodes": 0,
-        "successes": 0,
-        "total_rate": None,
-        "total_episodes": None,
-        "running_total_rate": None,
-        "egl_after_total": False,
-        "egl_before_total": False,
-        "errors": _errors(lines),
-    }
-    task = None
-    pending_episode = None
-    for ln in lines:
-        if m := _P["EVAL_TASK"].search(ln):
-            task = {"task": m.group("task"), "episodes": [], "task_rate": None}
-            res["tasks"].append(task)
-        elif m := _P["EVAL_STARTING_EPISODE"].search(ln):
-            pending_episode = _num(m.group("n"))
-        elif m := _P["EVAL_SUCCESS"].search(ln):
-            ok = _bool(m.group("success"))
-            if task is None:
-                task = {"task": "?", "episodes": [], "task_rate": None}
-                res["tasks"].append(task)
-            task["episodes"].append({"episode": pending_episode, "success": ok})
-            res["episodes"] += 1
-            res["successes"] += int(bool(ok))
-        elif m := _P["EVAL_TASK_RATE"].search(ln):
-            if task is not None:
-                task["task_rate"] = _num(m.group("rate"))
-        elif m := _P["EVAL_TOTAL_RATE_SO_FAR"].search(ln):
-            res["running_total_rate"] = _num(m.group("rate"))
-        elif m := _P["EVAL_TOTAL_RATE"].search(ln):
-            res["total_rate"] = _num(m.group("rate"))
-        elif m := _P["EVAL_TOTAL_EPISODES"].search(ln):
-            res["total_episodes"] = _num(m.group("n"))
-        if EVAL_EGL_HARMLESS in ln:
-            res["egl_after_total" if res["total_rate"] is not None else "egl_before_total"] = True
-    return res
-
+__all__ = [
+    "UPSTREAM_TRAIN_STAGES",
+    "SMOKE_TEST_STEPS",
+    "SMOKE_SIGN",
+    "UPSTREAM_TRAIN_SIGNS",
+    "UPSTREAM_TRAIN_CAUSES",
+    "Detector",
+    "DETECTORS",
+    "detect",
+    "Diagnosis",
+    "EVAL_SIGNS",
+    "TRAIN_SIGNS",
+    "train_signs",
+    "EVAL_STAGES",
+    "diagnose",
+]
 
 # --- detectors: upstream's real error strings (FACTS section 11) -----------------------------------
 
@@ -468,16 +83,16 @@ UPSTREAM_TRAIN_SIGNS = (
     "training complete",
 )
 #: Lines only upstream's train.py prints (the mini backend shares the parameter, step and loss lines).
-_UPSTREAM_TRAIN_MARKER = _re.compile(
+_UPSTREAM_TRAIN_MARKER = re.compile(
     r"VLA Training :: Warming Up|Configuration wrapped for access tracking|Creating VLA Dataset with Mixture"
     r"|dataset statistics saved to|LR Group \S+: lr=|Model Parameter Statistics \(after freezing\)"
     r"|# Parameters \(in millions\)|\*\*\*\*\* Training Configuration \*\*\*\*\*|^wandb: "
     r"|^Distributed environment: |DiT4DiT/training/train\.py",
-    _re.M,
+    re.M,
 )
 
 #: The launcher's own report that its child failed: never the cause.
-_LAUNCHER_ERROR = _re.compile(r"ChildFailedError|CalledProcessError")
+_LAUNCHER_ERROR = re.compile(r"ChildFailedError|CalledProcessError")
 
 #: Likely causes of each upstream training stage when no detector names the error.
 UPSTREAM_TRAIN_CAUSES: dict[str, tuple[str, ...]] = {
@@ -521,7 +136,7 @@ UPSTREAM_TRAIN_CAUSES: dict[str, tuple[str, ...]] = {
 }
 
 
-@_dataclass(frozen=True)
+@dataclass(frozen=True)
 class Detector:
     """One upstream error string: where it shows, what it means and the fix.
 
@@ -544,14 +159,14 @@ class Detector:
     def stage_for(self, kind: str) -> str | None:
         return dict(self.stages).get(kind)
 
-    def search(self, text: str) -> _re.Match[str] | None:
-        for m in _re.finditer(self.pattern, text, _re.M):
+    def search(self, text: str) -> re.Match[str] | None:
+        for m in re.finditer(self.pattern, text, re.M):
             if not self.requires:
                 return m
             need = self.requires
             for key, val in m.groupdict().items():
-                need = need.replace("{" + key + "}", _re.escape(val or ""))
-            if _re.search(need, text, _re.M):
+                need = need.replace("{" + key + "}", re.escape(val or ""))
+            if re.search(need, text, re.M):
                 return m
         return None
 
@@ -825,7 +440,7 @@ DETECTORS: tuple[Detector, ...] = (
 )
 
 
-def detect(text: str, kind: str) -> list[dict[str, _Any]]:
+def detect(text: str, kind: str) -> list[dict[str, Any]]:
     """The detectors whose error string occurs in a (normalised) log of ``kind``, in table order."""
     from tutorial_utils import secrets
 
@@ -854,26 +469,26 @@ def detect(text: str, kind: str) -> list[dict[str, _Any]]:
 # --- diagnosis -----------------------------------------------------------------------------------
 
 
-@_dataclass
+@dataclass
 class Diagnosis:
     """What a run's logs show: the success signs seen, the stage that failed, likely causes."""
 
     run_dir: str
     kind: str  # "evaluation", "training", "download" or "unknown"
-    signs: dict[str, bool] = _field(default_factory=dict)
+    signs: dict[str, bool] = field(default_factory=dict)
     failed_stage: str | None = None
-    causes: list[str] = _field(default_factory=list)
-    notes: list[str] = _field(default_factory=list)
-    figures: dict[str, _Any] = _field(default_factory=dict)
+    causes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
     #: the upstream error strings found (``detect``): name, log, stage, cause, fix, facts, evidence
-    detectors: list[dict[str, _Any]] = _field(default_factory=list)
+    detectors: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.failed_stage is None
 
-    def to_dict(self) -> dict[str, _Any]:
-        return {**_asdict(self), "ok": self.ok}
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
 
     def __str__(self) -> str:
         out = [f"run: {self.run_dir} ({self.kind})"]
@@ -905,7 +520,7 @@ EVAL_SIGNS = (
 TRAIN_SIGNS = ("parameters counted", "first loss line", "training complete")
 
 
-def train_signs(parsed: dict[str, _Any]) -> dict[str, bool]:
+def train_signs(parsed: dict[str, Any]) -> dict[str, bool]:
     """The :data:`TRAIN_SIGNS` of a training log parsed by :func:`parse_train_log` (ours or
     upstream's: they share the parameter, loss and final-model lines)."""
     return dict(
@@ -913,7 +528,7 @@ def train_signs(parsed: dict[str, _Any]) -> dict[str, bool]:
     )
 
 
-def _first(run: _Path, patterns: tuple[str, ...], exclude: str = "") -> _Path | None:
+def _first(run: Path, patterns: tuple[str, ...], exclude: str = "") -> Path | None:
     for pat in patterns:
         hits = sorted(p for p in run.glob(pat) if not (exclude and exclude in p.name))
         if hits:
@@ -925,7 +540,7 @@ def _first(run: _Path, patterns: tuple[str, ...], exclude: str = "") -> _Path | 
 EVAL_STAGES = ("server", "client connect", "LIBERO setup", "evaluation")
 
 
-def _apply_detectors(d: Diagnosis, found: list[dict[str, _Any]], order: tuple[str, ...]) -> None:
+def _apply_detectors(d: Diagnosis, found: list[dict[str, Any]], order: tuple[str, ...]) -> None:
     """Add matched detectors to ``d``: on a failed run the first one whose stage is not earlier
     than the stage the logs reached names the stage, and each one's cause leads the causes."""
     if not found:
@@ -942,17 +557,17 @@ def _apply_detectors(d: Diagnosis, found: list[dict[str, _Any]], order: tuple[st
     d.causes = [f"{f['cause']} [{f['name']}] ({f['log']} log: {f['evidence']})" for f in found] + d.causes
 
 
-def _diagnose_eval(d: Diagnosis, server_log: _Path | None, eval_log: _Path | None) -> None:
+def _diagnose_eval(d: Diagnosis, server_log: Path | None, eval_log: Path | None) -> None:
     srv = parse_server_log(server_log) if server_log else None
     ev = parse_eval_log(eval_log) if eval_log else None
     _diagnose_eval_stages(d, srv, ev)
-    found = (detect(_text(server_log), "server") if server_log else []) + (
-        detect(_text(eval_log), "eval") if eval_log else []
+    found = (detect(log_text(server_log), "server") if server_log else []) + (
+        detect(log_text(eval_log), "eval") if eval_log else []
     )
     _apply_detectors(d, found, EVAL_STAGES)
 
 
-def _diagnose_eval_stages(d: Diagnosis, srv: dict[str, _Any] | None, ev: dict[str, _Any] | None) -> None:
+def _diagnose_eval_stages(d: Diagnosis, srv: dict[str, Any] | None, ev: dict[str, Any] | None) -> None:
     d.signs = {
         "server running": bool(srv and srv["running"]),
         "server listening": bool(srv and srv["listening"]),
@@ -1018,8 +633,8 @@ def _diagnose_eval_stages(d: Diagnosis, srv: dict[str, _Any] | None, ev: dict[st
         return
 
 
-def _diagnose_train(d: Diagnosis, train_log: _Path) -> None:
-    text = _text(train_log)
+def _diagnose_train(d: Diagnosis, train_log: Path) -> None:
+    text = log_text(train_log)
     tr = parse_train_log(text)
     found = detect(text, "train")
     d.figures = {
@@ -1043,7 +658,7 @@ def _diagnose_train(d: Diagnosis, train_log: _Path) -> None:
     _apply_detectors(d, found, tuple(stage for _, stage, _ in _TRAIN_STAGES))
 
 
-def _smoke_check(d: Diagnosis, tr: dict[str, _Any]) -> None:
+def _smoke_check(d: Diagnosis, tr: dict[str, Any]) -> None:
     """A run of at most :data:`SMOKE_TEST_STEPS` steps is the smoke test: each step must show its loss."""
     total = tr["total_steps"]
     if total is not None and 0 < total <= SMOKE_TEST_STEPS:  # the smoke test: every step shows its loss
@@ -1057,11 +672,11 @@ def _smoke_check(d: Diagnosis, tr: dict[str, _Any]) -> None:
             ]
 
 
-def _diagnose_upstream_train(d: Diagnosis, text: str, tr: dict[str, _Any], errs: list[str]) -> None:
+def _diagnose_upstream_train(d: Diagnosis, text: str, tr: dict[str, Any], errs: list[str]) -> None:
     """Upstream ``train.py``'s stage order (FACTS section 11): the last stage that started failed."""
     last = 0
     for i, (_, pat) in enumerate(UPSTREAM_TRAIN_STAGES):
-        if pat and _re.search(pat, text, _re.M):
+        if pat and re.search(pat, text, re.M):
             last = i
     if tr["steps"] and tr["total_steps"] and tr["steps"][-1]["step"] >= tr["total_steps"]:
         last = len(UPSTREAM_TRAIN_STAGES) - 1
@@ -1080,12 +695,12 @@ def _diagnose_upstream_train(d: Diagnosis, text: str, tr: dict[str, _Any], errs:
             break
 
 
-def _diagnose_download(d: Diagnosis, log: _Path) -> None:
-    text = _text(log)
-    d.signs = {"download verified": bool(_re.search(r"verified: |manifest\.json", text))}
+def _diagnose_download(d: Diagnosis, log: Path) -> None:
+    text = log_text(log)
+    d.signs = {"download verified": bool(re.search(r"verified: |manifest\.json", text))}
     if not d.signs["download verified"]:
         d.failed_stage = "download"
-        d.causes = [f"error in the log: {e}" for e in _errors(text.splitlines())[-2:]] + [
+        d.causes = [f"error in the log: {e}" for e in traceback_errors(text.splitlines())[-2:]] + [
             "the download stopped before verification: rerun `python -m tutorial_utils hub download ASSET`"
         ]
     _apply_detectors(d, detect(text, "download"), ("download",))
@@ -1122,11 +737,11 @@ _TRAIN_STAGES = (
 )
 
 
-def _short(path: str | _os.PathLike) -> str:
+def _short(path: str | os.PathLike) -> str:
     """``path`` relative to the repository when it lies inside it (what the book shows)."""
     from tutorial_utils import paths
 
-    p = _Path(path).resolve()
+    p = Path(path).resolve()
     try:
         return p.relative_to(paths.REPO).as_posix()
     except ValueError:
@@ -1134,12 +749,12 @@ def _short(path: str | _os.PathLike) -> str:
 
 
 def diagnose(
-    run_dir: str | _os.PathLike | None = None,
+    run_dir: str | os.PathLike | None = None,
     *,
-    server_log: str | _os.PathLike | None = None,
-    eval_log: str | _os.PathLike | None = None,
-    train_log: str | _os.PathLike | None = None,
-    download_log: str | _os.PathLike | None = None,
+    server_log: str | os.PathLike | None = None,
+    eval_log: str | os.PathLike | None = None,
+    train_log: str | os.PathLike | None = None,
+    download_log: str | os.PathLike | None = None,
 ) -> Diagnosis:
     """Read a run's logs and say which success signs were seen and, when one is missing, which
     stage failed and the likely causes.
@@ -1152,7 +767,7 @@ def diagnose(
     upstream's stage order, and each known upstream error string adds a detector with its fix
     (``Diagnosis.detectors``, table ``DETECTORS``).
     """
-    run = _Path(run_dir) if run_dir is not None else None
+    run = Path(run_dir) if run_dir is not None else None
     if run is not None:
         if not run.is_dir():
             raise FileNotFoundError(
@@ -1165,9 +780,9 @@ def diagnose(
     logs = (server_log, eval_log, train_log, download_log)
     where = _short(run) if run is not None else ", ".join(_short(p) for p in logs if p)
     for p in logs:
-        if p is not None and not _Path(p).is_file():
+        if p is not None and not Path(p).is_file():
             raise FileNotFoundError(f"log file {p} not found")
-    server_log, eval_log, train_log, download_log = (_Path(p) if p else None for p in logs)
+    server_log, eval_log, train_log, download_log = (Path(p) if p else None for p in logs)
     if server_log or eval_log:
         d = Diagnosis(where, "evaluation")
         _diagnose_eval(d, server_log, eval_log)
@@ -1192,7 +807,7 @@ def diagnose(
     status = run / "status.json"
     if status.is_file():
         try:
-            st = _json.loads(status.read_text())
+            st = json.loads(status.read_text())
         except ValueError:
             st = {}
         if st.get("state") == "failed" and d.ok:
@@ -1218,35 +833,18 @@ def main(argv: list[str]) -> int:
     ps.add_argument("path")
     args = ap.parse_args(argv)
     if args.cmd == "parse":
-        if not _Path(args.path).is_file():
-            print(f"error: log file {args.path} not found", file=_sys.stderr)
+        if not Path(args.path).is_file():
+            print(f"error: log file {args.path} not found", file=sys.stderr)
             return 2
         fn = {"eval": parse_eval_log, "server": parse_server_log, "train": parse_train_log}[args.kind]
-        print(_json.dumps(fn(_Path(args.path)), indent=2))
+        print(json.dumps(fn(Path(args.path)), indent=2))
         return 0
     try:
         d = diagnose(args.run_dir)
     except FileNotFoundError as exc:
         from tutorial_utils.errors import error_text
 
-        print(error_text(exc), file=_sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 2
-    print(_json.dumps(d.to_dict(), indent=2) if args.json else str(d))
+    print(json.dumps(d.to_dict(), indent=2) if args.json else str(d))
     return 0 if d.ok else 1
-
-
-# --- mini training extras (tutorial_utils.train; no DiT4DiT counterpart) ----------------------
-TRAIN_RUNNING = "***** Running training *****"
-TRAIN_FROZEN_MODULES = "Frozen modules: {modules}"
-TRAIN_RESUMED = "Resumed from {path} at step {step}"
-TRAIN_VALIDATION = "[Exp: {run_id}] Step {step}, Validation: {metrics}"
-TRAIN_STOPPED = (
-    "Training stopped by {signal} at step {step}; checkpoint saved at {path}. "
-    "Continue with resume=true and the same output_dir."
-)
-TRAIN_DISK_USAGE = "Disk usage: final_model {final}, run directory {run_dir}"
-TRAIN_FINAL_REMOVED = "Removed final_model (set KEEP_FINAL_MODEL=1 to keep it); run directory now {run_dir}"
-TRAIN_FINAL_KEPT = "KEEP_FINAL_MODEL=1: final_model kept ({final})"
-TRAIN_HEALTH = "Health check at step {step}: [{severity}] {code}: {message} Fix: {fix}"
-TRAIN_TIME_LIMIT = "Time limit of {minutes} min reached at step {step}; finishing the run"
-TRAIN_NONFINITE_LOSS = "Non-finite loss at step {step}: {losses}; training stopped, last good checkpoint: {path}"

@@ -239,7 +239,7 @@ def fact(name: str) -> dict[str, Any]:
     try:
         return FACTS[name]
     except KeyError:
-        raise KeyError(f"no fact {name!r} in tutorial_utils.facts; known: {', '.join(sorted(FACTS))}") from None
+        raise KeyError(f"no fact {name!r} in tutorial_utils.report.facts; known: {', '.join(sorted(FACTS))}") from None
 
 
 def value(name: str):
