@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tutorial_utils import paths
-from tutorial_utils.data.format import LeRobotDataset, episode_grouped_order
+from tutorial_utils.data.reader import LeRobotDataset, episode_grouped_order
 from tutorial_utils.data.stats import compute_all, reference_stats_pandas
 from tutorial_utils.data.synth import generate_dataset
 

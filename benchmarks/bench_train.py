@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.data.reader import LeRobotDataset
     from tutorial_utils.data.synth import generate_dataset
     from tutorial_utils.policies.base import BATCH_IMAGE, BATCH_STATE, BATCH_TASK, BATCH_WRIST
     from tutorial_utils.train.data import ArraySource, LeRobotSource, WindowDataset

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from tutorial_utils.data.cli import main
-from tutorial_utils.data.format import REQUIRED_INFO_KEYS, LeRobotDataset, LeRobotWriter, episode_grouped_order
 from tutorial_utils.data.libero_schema import LIBERO_FPS, LIBERO_ROBOT_TYPE, libero_features
+from tutorial_utils.data.reader import LeRobotDataset, episode_grouped_order
+from tutorial_utils.data.schema import REQUIRED_INFO_KEYS
 from tutorial_utils.data.synth import generate_dataset, synth_episode
 from tutorial_utils.data.video import decode_all_frames, encode_video
+from tutorial_utils.data.writer import LeRobotWriter
 from tutorial_utils.errors import DatasetError
 
 SIZE = 32
@@ -418,8 +420,8 @@ def test_seek_random_access_long_episode(tmp_path):
 
 
 def test_a_second_writer_on_the_same_dataset_is_refused(tmp_path):
-    from tutorial_utils.data.format import LeRobotWriter
     from tutorial_utils.data.libero_schema import libero_features
+    from tutorial_utils.data.writer import LeRobotWriter
     from tutorial_utils.errors import DatasetError
 
     root = tmp_path / "ds"

@@ -8,8 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from tutorial_utils.data.format import LeRobotDataset
 from tutorial_utils.data.hdf5 import import_hdf5, noop_mask, task_from_filename
+from tutorial_utils.data.reader import LeRobotDataset
 from tutorial_utils.errors import DatasetError
 
 SPATIAL = "pick up the black bowl next to the ramekin and place it on the plate"

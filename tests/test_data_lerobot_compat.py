@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tutorial_utils.data.format import LeRobotDataset
+from tutorial_utils.data.reader import LeRobotDataset
 from tutorial_utils.data.stats import load_columns
 from tutorial_utils.data.synth import generate_dataset
 

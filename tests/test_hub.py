@@ -75,7 +75,7 @@ def test_plan_lists_files_and_bytes(fake_hub, tmp_path, capsys):
 
 
 def test_download_verify_manifest_and_dataset_opens(fake_hub, tmp_path):
-    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.data.reader import LeRobotDataset
 
     dest = tmp_path / "libero_spatial_no_noops_1.0.0_lerobot"
     out = hub.download("dataset:libero_spatial", dest, endpoint=fake_hub.url)
@@ -387,7 +387,7 @@ def test_dataset_archive_from_a_url(archives, tmp_path, capsys):
     import hashlib
 
     from tutorial_utils.data.cli import main as dataset_main
-    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.data.reader import LeRobotDataset
     from tutorial_utils.hub.archive import ArchiveError, fetch_archive
 
     with LocalHub() as server:

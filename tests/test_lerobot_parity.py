@@ -229,8 +229,8 @@ def test_lerobot_train_command_converts_trains_and_leaves_a_checkpoint_we_serve(
     assert served.metadata["replan_steps"] == 4 and served.infer(openpi_observation(SIZE))["actions"].shape == (8, 7)
     # LeRobot does not resize: a model of another size trains on a copy at its size, holding the
     # pixels our trainer and server give that model
-    from tutorial_utils.data.format import LeRobotDataset
     from tutorial_utils.data.images import resize
+    from tutorial_utils.data.reader import LeRobotDataset
 
     s = lerobot_loop.train(ours_root, tmp_path / "big", "act", steps=2, batch_size=2, config={**tiny, "image_size": 48})
     assert s["cameras"] == f"{SIZE}x{SIZE}, resized to 48x48 for LeRobot"

@@ -58,7 +58,7 @@ def test_act_reads_the_state_unless_built_with_cameras_only(tmp_path, recording)
 def test_the_error_is_against_the_demonstrated_actions(tmp_path, recording, monkeypatch):
     """A policy that answers the demonstration's own next actions has no error; one that answers
     zeros has the mean |action| of the executed frames."""
-    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.data.reader import LeRobotDataset
     from tutorial_utils.policies import base as P
 
     ds = LeRobotDataset(recording, verify_videos=False)

@@ -9,7 +9,7 @@ matplotlib.use("Agg")
 import numpy as np
 import pytest
 
-from tutorial_utils.data.format import LeRobotDataset
+from tutorial_utils.data.reader import LeRobotDataset
 from tutorial_utils.data.synth import generate_dataset
 from tutorial_utils.report import page, plots
 

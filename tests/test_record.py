@@ -54,7 +54,8 @@ def test_refuses_a_different_dataset(tmp_path):
 
 
 def test_a_failure_midway_leaves_a_valid_dataset(tmp_path, monkeypatch):
-    from tutorial_utils.data.format import LeRobotDataset, LeRobotWriter
+    from tutorial_utils.data.reader import LeRobotDataset
+    from tutorial_utils.data.writer import LeRobotWriter
 
     root = tmp_path / "ds"
     calls = {"n": 0}
@@ -131,7 +132,7 @@ def test_resume_after_kill(tmp_path):
     man = json.loads((root / rec.MANIFEST).read_text())
     pairs = [(e["task_id"], e["init_state"]) for e in man["episodes"]]
     assert sorted(pairs) == sorted(cfg(episodes_per_task=4).items())
-    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.data.reader import LeRobotDataset
 
     LeRobotDataset(root).validate()
 
@@ -176,7 +177,7 @@ def test_replay_drops_noops():
 @pytest.mark.libero
 @pytest.mark.slow
 def test_one_real_recorded_episode(tmp_path):
-    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.data.reader import LeRobotDataset
 
     root = tmp_path / "real"
     s = rec.record(

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from tutorial_utils.data import stats as st
-from tutorial_utils.data.format import LeRobotDataset, LeRobotWriter
 from tutorial_utils.data.libero_schema import libero_features
+from tutorial_utils.data.reader import LeRobotDataset
 from tutorial_utils.data.synth import generate_dataset, synth_episode
+from tutorial_utils.data.writer import LeRobotWriter
 from tutorial_utils.errors import DatasetError
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tutorial_utils.data.format import LeRobotDataset
 from tutorial_utils.data.libero_schema import libero_features
+from tutorial_utils.data.reader import LeRobotDataset
 from tutorial_utils.data.synth import generate_dataset, synth_episode
 
 

@@ -6,7 +6,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from tutorial_utils.data.format import LeRobotDataset
+from tutorial_utils.data.reader import LeRobotDataset
 from tutorial_utils.data.synth import generate_dataset
 from tutorial_utils.report import widgets
 

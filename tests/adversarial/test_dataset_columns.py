@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tutorial_utils.data.cli import main as dataset_cli
-from tutorial_utils.data.format import LeRobotDataset
+from tutorial_utils.data.reader import LeRobotDataset
 from tutorial_utils.data.synth import generate_dataset
 from tutorial_utils.errors import DatasetError
 

@@ -27,10 +27,12 @@ from hypothesis import strategies as st
 
 from helpers import fuzz_settings
 from tutorial_utils.data import stats as dstats
-from tutorial_utils.data.format import REQUIRED_INFO_KEYS, LeRobotDataset, LeRobotWriter
 from tutorial_utils.data.libero_schema import LIBERO_FPS, libero_features
 from tutorial_utils.data.modality import build_modality, validate_modality
+from tutorial_utils.data.reader import LeRobotDataset
+from tutorial_utils.data.schema import REQUIRED_INFO_KEYS
 from tutorial_utils.data.synth import generate_dataset
+from tutorial_utils.data.writer import LeRobotWriter
 from tutorial_utils.errors import TutorialError
 
 FUZZ = fuzz_settings(80)

@@ -21,10 +21,11 @@ import pytest
 
 from tutorial_utils.data import stats as st
 from tutorial_utils.data.cli import main as dataset_cli
-from tutorial_utils.data.format import LeRobotDataset, LeRobotWriter
 from tutorial_utils.data.libero_schema import LIBERO_FPS, libero_features
 from tutorial_utils.data.modality import ModalityError, build_modality, validate_modality
+from tutorial_utils.data.reader import LeRobotDataset
 from tutorial_utils.data.synth import generate_dataset
+from tutorial_utils.data.writer import LeRobotWriter
 from tutorial_utils.errors import DatasetError
 
 SIZE = 32

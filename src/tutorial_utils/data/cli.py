@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from tutorial_utils.data.format import LeRobotDataset
+from tutorial_utils.data.reader import LeRobotDataset
 from tutorial_utils.errors import TutorialError, error_text
 
 

@@ -15,7 +15,7 @@ LIBERO's ``scripts/create_dataset.py``)::
 
 Each demo becomes one episode of the same schema as the IPEC datasets and our own recordings
 (:func:`tutorial_utils.data.libero_schema.libero_features`), written through the one writer
-(:class:`tutorial_utils.data.format.LeRobotWriter`):
+(:class:`tutorial_utils.data.writer.LeRobotWriter`):
 
 - ``observation.state`` = ``ee_pos + ee_ori + gripper_states`` (8, FACTS section 5);
 - ``action`` in the dataset gripper convention (+1 open, -1 close:
@@ -39,7 +39,6 @@ from pathlib import Path
 
 import numpy as np
 
-from tutorial_utils.data.format import LeRobotWriter
 from tutorial_utils.data.libero_schema import (
     LIBERO_CAMERAS,
     LIBERO_FPS,
@@ -48,6 +47,7 @@ from tutorial_utils.data.libero_schema import (
     libero_features,
     noop_mask,
 )
+from tutorial_utils.data.writer import LeRobotWriter
 from tutorial_utils.errors import DatasetError
 from tutorial_utils.io import atomic_write_json
 

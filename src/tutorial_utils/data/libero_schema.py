@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from tutorial_utils.data.format import DEFAULT_FEATURES
+from tutorial_utils.data.schema import DEFAULT_FEATURES
 
 # LIBERO as published in IPEC-COMMUNITY/libero_*_no_noops_1.0.0_lerobot (converted with
 # any4lerobot from the OpenVLA "no_noops" RLDS): LIBERO's control frequency is 20 Hz,

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tutorial_utils.data.format import INFO_PATH, check_features, read_info
+from tutorial_utils.data.schema import INFO_PATH, check_features, read_info
 from tutorial_utils.errors import DatasetError
 from tutorial_utils.io import atomic_write_json
 

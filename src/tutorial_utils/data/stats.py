@@ -1,6 +1,13 @@
-"""Dataset statistics and the step index that DiT4DiT's GR00T-style loader needs, cached.
+"""Dataset statistics: LeRobot v2.1's own, and those and the step index that DiT4DiT's
+GR00T-style loader needs, cached.
 
-Three products (docs/FACTS.md section 2):
+LeRobot v2.1's statistics are ``min, max, mean, std, count`` per feature: per episode
+(:func:`feature_stats`, :func:`image_stats` for a camera, on a subset of frames like LeRobot),
+which :class:`~tutorial_utils.data.writer.LeRobotWriter` stores in ``meta/episodes_stats.jsonl``,
+and pooled over the episodes (:func:`aggregate_stats`) into ``meta/stats.json``, which
+:func:`read_stats_json` reads back for :class:`~tutorial_utils.data.reader.LeRobotDataset`.
+
+DiT4DiT's are three products (docs/FACTS.md section 2):
 
 - ``meta/stats_gr00t.json``: ``mean, std, min, max, q01, q99`` of every parquet column over
   all frames (upstream concatenates every ``data/*/*.parquet`` with pandas).
@@ -25,21 +32,21 @@ import json
 import os
 import pickle
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from tutorial_utils.data.format import (
+from tutorial_utils.data.columns import NON_FINITE_FIX, arrow_value_type, check_column_type, column_to_numpy
+from tutorial_utils.data.schema import (
     EPISODES_PATH,
     INFO_PATH,
-    NON_FINITE_FIX,
     NON_NUMERIC_DTYPES,
-    _column_to_numpy,
-    _numeric_dtype,
-    _value_type,
-    check_column_type,
     check_features,
+    numeric_dtype,
     read_info,
+    read_json_object,
+    short_repr,
 )
 from tutorial_utils.errors import DatasetError
 from tutorial_utils.io import atomic_path, atomic_write_json
@@ -52,6 +59,102 @@ CACHE_VERSION = 1
 STAT_KEYS = ("mean", "std", "min", "max", "q01", "q99")
 #: DiT4DiT's ``libero_franka`` config: min-max normalise x..yaw, leave the gripper raw.
 FRANKA_ACTION_MASK = [True] * 6 + [False]
+
+
+# --------------------------------------------------------------------------------------
+# LeRobot v2.1's own statistics: meta/episodes_stats.jsonl and meta/stats.json
+# --------------------------------------------------------------------------------------
+
+
+#: the statistics of each feature that :func:`read_stats_json` checks are numbers
+STAT_FIELDS = ("min", "max", "mean", "std")
+
+
+def read_stats_json(path: Path) -> dict:
+    """``meta/stats.json``: an object of features, each with min/max/mean/std as numbers or
+    nested lists of numbers. Anything else raises :class:`DatasetError`."""
+    fix = "delete meta/stats.json and re-run LeRobotWriter.finalize() (it is recomputed), or re-download it"
+    stats = read_json_object(path, fix)
+    for key, entry in stats.items():
+        if not isinstance(entry, dict):
+            raise DatasetError(path, key, f"expected an object of statistics, found {short_repr(entry)}", fix)
+        for k in STAT_FIELDS:
+            if k not in entry:
+                continue
+            try:
+                arr = np.asarray(entry[k], dtype=np.float64)
+            except (TypeError, ValueError, OverflowError):
+                arr = None
+            if arr is None or arr.size == 0:
+                raise DatasetError(path, f"{key}.{k}", f"expected numbers, found {short_repr(entry[k])}", fix)
+    return stats
+
+
+def feature_stats(x: np.ndarray) -> dict:
+    """min/max/mean/std/count over axis 0, as LeRobot v2.1 stores them (lists)."""
+    x = np.asarray(x)
+    if x.ndim == 1:
+        x = x[:, None]
+    x64 = x.astype(np.float64)
+    return {
+        "min": x64.min(0).tolist(),
+        "max": x64.max(0).tolist(),
+        "mean": x64.mean(0).tolist(),
+        "std": x64.std(0).tolist(),
+        "count": [int(x.shape[0])],
+    }
+
+
+def image_stats(frames: np.ndarray, max_samples: int = 100, max_side: int = 64) -> dict:
+    """Per-channel stats of a (T,H,W,3) uint8 video in [0,1], shape (3,1,1) like LeRobot.
+
+    Like LeRobot, on a subset: up to ``max_samples`` frames, spatially strided to ``max_side``.
+    """
+    t, h, w = frames.shape[:3]
+    idx = np.unique(np.linspace(0, t - 1, num=min(t, max_samples)).round().astype(int))
+    step = max(1, int(np.ceil(max(h, w) / max_side)))
+    sub = frames[idx, ::step, ::step]
+    ch = np.ascontiguousarray(np.moveaxis(sub, -1, 0)).reshape(sub.shape[-1], -1)  # (3, M) uint8
+    mean = ch.mean(axis=1, dtype=np.float64)
+    std = ch.std(axis=1, dtype=np.float64)
+
+    def c11(v):
+        return [[[float(a) / 255.0]] for a in v]
+
+    return {
+        "min": c11(ch.min(axis=1)),
+        "max": c11(ch.max(axis=1)),
+        "mean": c11(mean),
+        "std": c11(std),
+        "count": [int(len(idx))],
+    }
+
+
+def aggregate_stats(per_episode: Sequence[dict]) -> dict:
+    """Combine per-episode stats (pooled mean and variance weighted by count)."""
+    out: dict[str, dict] = {}
+    keys = sorted({k for s in per_episode for k in s})
+    for key in keys:
+        items = [s[key] for s in per_episode if key in s]
+        counts = np.array([it["count"][0] for it in items], dtype=np.float64)
+        means = np.stack([np.asarray(it["mean"], dtype=np.float64) for it in items])
+        stds = np.stack([np.asarray(it["std"], dtype=np.float64) for it in items])
+        w = (counts / counts.sum()).reshape((-1,) + (1,) * (means.ndim - 1))
+        mean = (w * means).sum(0)
+        var = (w * (stds**2 + (means - mean) ** 2)).sum(0)
+        out[key] = {
+            "min": np.min(np.stack([np.asarray(it["min"]) for it in items]), 0).tolist(),
+            "max": np.max(np.stack([np.asarray(it["max"]) for it in items]), 0).tolist(),
+            "mean": mean.tolist(),
+            "std": np.sqrt(var).tolist(),
+            "count": [int(counts.sum())],
+        }
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# DiT4DiT's statistics and step index
+# --------------------------------------------------------------------------------------
 
 
 def data_files(root: Path) -> list[Path]:
@@ -136,12 +239,12 @@ def _check_types(path: Path, schema, types: dict, first: Path, feats: dict) -> N
         check_column_type(path, c, got, feats[c])
         if got != want:
             blame, other, theirs, ours = path, first, got, want
-            dtype = _numeric_dtype(feats[c]["dtype"])
+            dtype = numeric_dtype(feats[c]["dtype"])
             if dtype is not None:
                 import pyarrow as pa
 
                 expected = pa.from_numpy_dtype(dtype)
-                if _value_type(got) == expected and _value_type(want) != expected:
+                if arrow_value_type(got) == expected and arrow_value_type(want) != expected:
                     blame, other, theirs, ours = first, path, want, got
             raise DatasetError(
                 blame,
@@ -212,10 +315,10 @@ def load_columns(root: str | os.PathLike, files: list[Path] | None = None) -> di
     out = {}
     for k, ft in feats.items():
         try:
-            arr = _column_to_numpy(table, k, ft, root / "data")
+            arr = column_to_numpy(table, k, ft, root / "data")
         except DatasetError:  # a row of the wrong width: name the file it is in
             for f, t in zip(files, tables):
-                _column_to_numpy(t, k, ft, f)
+                column_to_numpy(t, k, ft, f)
             raise
         out[k] = arr.reshape(len(arr), -1)
     if "index" in out:
@@ -486,6 +589,11 @@ def reference_stats_pandas(root: str | os.PathLike) -> dict:
 
 
 __all__ = [
+    "STAT_FIELDS",
+    "read_stats_json",
+    "feature_stats",
+    "image_stats",
+    "aggregate_stats",
     "STATS_GR00T_PATH",
     "STEP_INDEX_PATH",
     "STEPS_PKL_PATH",

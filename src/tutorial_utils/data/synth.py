@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tutorial_utils.data.format import LeRobotWriter
 from tutorial_utils.data.libero_schema import LIBERO_CAMERAS, LIBERO_FPS, LIBERO_ROBOT_TYPE, libero_features
+from tutorial_utils.data.writer import LeRobotWriter
 
 #: Task strings in the style of libero_spatial (the real suite's ten tasks are longer).
 SYNTH_TASKS = (

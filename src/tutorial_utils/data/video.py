@@ -93,11 +93,11 @@ def probe_video(path: str | os.PathLike) -> dict:
         ) from None
 
 
-#: Decoder caches inherited through fork (see LeRobotDataset._check_pid); never touched.
-_INHERITED: list = []
+#: Decoder caches inherited through fork (see ``reader.LeRobotDataset._check_pid``); never touched.
+INHERITED_DECODERS: list = []
 
 
-class _EpisodeVideo:
+class EpisodeVideo:
     """Decode one episode's video on demand and keep the decoded frames.
 
     Frames just ahead of the decoder are reached by decoding forward; a frame far ahead (or
@@ -239,3 +239,17 @@ def decode_all_frames(path: str | os.PathLike) -> np.ndarray:
 
     with av.open(str(path)) as c:
         return np.stack([_rgb(f) for f in c.decode(video=0)])
+
+
+def decode_all_frames_checked(path: str | os.PathLike) -> np.ndarray:
+    """:func:`decode_all_frames`, with any decoding failure (a truncated file) raised as a
+    :class:`DatasetError` naming the file."""
+    try:
+        return decode_all_frames(path)
+    except Exception as exc:
+        raise DatasetError(
+            path,
+            None,
+            f"decoding failed ({type(exc).__name__}: {exc}); the file is probably truncated",
+            "re-download the file, or re-record the episode",
+        ) from None

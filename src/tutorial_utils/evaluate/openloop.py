@@ -85,7 +85,7 @@ def open_loop(
     import numpy as np
     from tqdm.auto import tqdm
 
-    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.data.reader import LeRobotDataset
     from tutorial_utils.policies import base as P
     from tutorial_utils.policies import make_policy
     from tutorial_utils.policies.checkpoint import read_checkpoint_config

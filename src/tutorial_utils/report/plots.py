@@ -72,7 +72,7 @@ def episode_figure(
 ):
     """Camera frames at ``frame_index`` plus state and action traces of a LeRobot episode.
 
-    ``episode`` is a :class:`tutorial_utils.data.format.Episode` (anything with ``state``,
+    ``episode`` is a :class:`tutorial_utils.data.reader.Episode` (anything with ``state``,
     ``action``, ``task``, ``index``, ``video_paths`` and ``frames(key)``).
     """
     cameras = list(cameras if cameras is not None else episode.video_paths)

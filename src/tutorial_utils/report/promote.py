@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tutorial_utils import logs as L
 from tutorial_utils import paths
-from tutorial_utils.data.format import read_info
+from tutorial_utils.data.schema import read_info
 from tutorial_utils.errors import TutorialError, error_text
 from tutorial_utils.evaluate.loop import RESULTS_FILE, SERVER_LOG, eval_log_name
 from tutorial_utils.io import atomic_write_bytes, atomic_write_json, promote_text

@@ -96,7 +96,7 @@ def image_browser(
 
 
 def episode_browser(dataset, episode: int = 0, frame: int = 0, figsize=(10, 6.5), episodes: int = 3, frames: int = 6):
-    """Episode and frame sliders over a :class:`~tutorial_utils.data.format.LeRobotDataset`: both
+    """Episode and frame sliders over a :class:`~tutorial_utils.data.reader.LeRobotDataset`: both
     camera frames at the chosen step, state and action traces with the step marked. The figures
     are drawn once (:func:`image_browser`): ``episodes`` episodes from ``episode`` on, ``frames``
     steps spread over each episode from ``frame`` to its end, so the sliders work in the static

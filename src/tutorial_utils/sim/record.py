@@ -8,7 +8,7 @@ an unchanged gripper command, as in the ``no_noops`` datasets; the settle steps 
 Only successful episodes are written; actions are stored in the dataset convention
 (gripper ``1`` open, ``-1`` close), images flipped 180 degrees as in the IPEC data.
 
-The main process writes episodes in plan order through :class:`tutorial_utils.data.format.LeRobotWriter`.
+The main process writes episodes in plan order through :class:`tutorial_utils.data.writer.LeRobotWriter`.
 Resumability: before an episode is handed to the writer, its item is recorded as the intent
 for that episode index in ``meta/record_manifest.json``; the writer's ``meta/episodes.jsonl``
 is the commit point. On restart, intents beyond the committed episodes are dropped, the
@@ -272,7 +272,7 @@ def check_output_dir(root: Path, cfg: RecordConfig) -> dict | None:
 
 def _empty_dataset(root: Path) -> bool:
     """A dataset folder with no committed episode (a recording killed before its first one)."""
-    from tutorial_utils.data.format import read_info
+    from tutorial_utils.data.schema import read_info
 
     try:
         info = read_info(root)
@@ -311,8 +311,8 @@ def record(
     ``episode_fn(cfg, item) -> dict`` (default :func:`record_item`, a picklable top-level
     function) gives ``{"success", "task", "frames", ...}`` per item.
     """
-    from tutorial_utils.data.format import LeRobotWriter
     from tutorial_utils.data.libero_schema import libero_features
+    from tutorial_utils.data.writer import LeRobotWriter
 
     if int(cfg.episodes_per_task) < 1:
         raise RecordError(f"episodes_per_task must be >= 1, got {cfg.episodes_per_task}")
@@ -425,7 +425,7 @@ def run_job(run_dir: str | os.PathLike, **overrides: Any) -> dict:
     """What ``notebooks/jobs/record_demos.md`` runs: record with :class:`RecordConfig` parameters,
     write the metadata, validate the dataset and record the success signs in ``status.json``."""
     from tutorial_utils import jobs, params
-    from tutorial_utils.data.format import LeRobotDataset
+    from tutorial_utils.data.reader import LeRobotDataset
 
     cfg = params.from_mapping(RecordConfig, overrides, "`python -m tutorial_utils record --list-params`")
     out = resolve_output_dir(cfg.output_dir, run_dir, cfg.suite, cfg.image_size, cfg.init_state_offset)

@@ -139,11 +139,11 @@ _INHERITED_READERS: list = []  # see LeRobotSource._reader
 
 
 class LeRobotSource:
-    """A LeRobot v2.1 dataset (``tutorial_utils.data.format``) as training windows."""
+    """A LeRobot v2.1 dataset (``tutorial_utils.data.reader``) as training windows."""
 
     def __init__(self, root: str | os.PathLike, statistics: dict, cache_mb: int = 512):
-        from tutorial_utils.data.format import LeRobotDataset
         from tutorial_utils.data.libero_schema import LIBERO_CAMERAS
+        from tutorial_utils.data.reader import LeRobotDataset
 
         self.root = Path(root)
         self.cache_mb = cache_mb
@@ -171,7 +171,7 @@ class LeRobotSource:
         freeing them there blocks forever (pthread_cond_destroy). So a worker keeps the
         inherited reader referenced, never touches it, and opens its own."""
         if self._pid != os.getpid():
-            from tutorial_utils.data.format import LeRobotDataset
+            from tutorial_utils.data.reader import LeRobotDataset
 
             _INHERITED_READERS.append(self.ds)
             self.ds = LeRobotDataset(self.root, verify_videos=False, cache_mb=self.cache_mb)

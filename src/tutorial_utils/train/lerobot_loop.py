@@ -60,9 +60,11 @@ def resized_copy(dataset: str | os.PathLike, dest: str | os.PathLike, size: int)
     import numpy as np
     from tqdm.auto import tqdm
 
-    from tutorial_utils.data.format import LeRobotDataset, LeRobotWriter, read_info
     from tutorial_utils.data.images import resize
+    from tutorial_utils.data.reader import LeRobotDataset
+    from tutorial_utils.data.schema import read_info
     from tutorial_utils.data.stats import compute_all
+    from tutorial_utils.data.writer import LeRobotWriter
 
     src, dest = Path(dataset), Path(dest)
     ds = LeRobotDataset(src, verify_videos=False)
