@@ -24,7 +24,8 @@ from tutorial_utils.train.cli import main
 from tutorial_utils.train.config import DatasetNotReady, TrainConfig, parameters_table, parse_overrides
 from tutorial_utils.train.data import StepBatchSampler, open_dataset, random_shift, split_episodes, synthetic_source
 from tutorial_utils.train.job import metrics_table, resolve_dataset, run_job
-from tutorial_utils.train.loop import lr_factor, train
+from tutorial_utils.train.loop import train
+from tutorial_utils.train.schedule import lr_factor
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -296,7 +297,8 @@ SCRIPT = textwrap.dedent("""
     from tutorial_utils.errors import ConfigError
     from tutorial_utils.train.config import DatasetNotReady, TrainConfig, parameters_table, parse_overrides
     from tutorial_utils.train.data import StepBatchSampler, open_dataset, random_shift, split_episodes, synthetic_source
-    from tutorial_utils.train.loop import lr_factor, train
+    from tutorial_utils.train.loop import train
+    from tutorial_utils.train.schedule import lr_factor
     from tutorial_utils.train.cli import main
     from tutorial_utils.train.job import metrics_table, resolve_dataset, run_job
     src = synthetic_source(n_episodes=5, length=16, image_size=32)
@@ -578,7 +580,7 @@ def test_ema_is_validated_served_and_resumed_exactly(tmp_path, source):
         moved += not torch.equal(state["raw_weights"][name], value)
     assert moved > 0
     # validation scored the average: the served weights give the logged error
-    from tutorial_utils.train.loop import Validator
+    from tutorial_utils.train.validation import Validator
 
     c = cfg(tmp_path, "x", **kw)
     pol = load_policy(last)

@@ -103,7 +103,7 @@ def test_fuzz_the_readers_of_control_manifests_and_listings(tmp_path, data):
     """Whatever the bytes, the reader returns the typed object or raises SmallFileError (never
     another exception), and read_json_or_empty returns a dict."""
     from tutorial_utils.policies.checkpoint import MANIFEST_SCHEMA
-    from tutorial_utils.train.loop import CONTROL_SCHEMA
+    from tutorial_utils.train.control import CONTROL_SCHEMA
 
     f = tmp_path / "f.json"
     f.write_bytes(data)

@@ -99,9 +99,10 @@ def calibrate(
     import tempfile
 
     from tutorial_utils.io import read_jsonl
+    from tutorial_utils.train.checkpoints import METRICS_FILE
     from tutorial_utils.train.config import TrainConfig
     from tutorial_utils.train.job import resolve_dataset
-    from tutorial_utils.train.loop import METRICS_FILE, train
+    from tutorial_utils.train.loop import train
 
     load = load_average()
     with tempfile.TemporaryDirectory(prefix=f"zoo-calibrate-{name}-") as tmp:

@@ -150,7 +150,7 @@ def parameter_table(policy, depth: int = 2) -> list[dict]:
 def freeze_report(policy, names: Sequence[str]) -> dict:
     """What ``freeze_modules=names`` would leave trainable, counted on a copy (the policy is
     not touched): total, trainable, frozen and the trainable ratio in percent."""
-    from tutorial_utils.train.loop import apply_freeze
+    from tutorial_utils.train.prepare import apply_freeze
 
     twin = copy.deepcopy(policy)
     apply_freeze(twin, list(names))
@@ -169,7 +169,7 @@ def fit_action_head(
     ``policy.loss`` (the real objective) reuses it; only the head runs in the loop."""
     import torch
 
-    from tutorial_utils.train.loop import apply_freeze
+    from tutorial_utils.train.prepare import apply_freeze
 
     apply_freeze(policy, ["backbone"])
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)

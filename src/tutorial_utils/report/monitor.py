@@ -50,9 +50,9 @@ from tutorial_utils.jobs import STATUS_FILE as STATUS
 from tutorial_utils.paths import for_book
 from tutorial_utils.report.page import figure_png, readable
 from tutorial_utils.train.checkpoints import METRICS_FILE as METRICS
-from tutorial_utils.train.loop import LOG_FILE as LOG
-from tutorial_utils.train.loop import SAMPLES_DIR as SAMPLES
-from tutorial_utils.train.loop import SUMMARY_FILE
+from tutorial_utils.train.rundir import LOG_FILE as LOG
+from tutorial_utils.train.rundir import SAMPLES_DIR as SAMPLES
+from tutorial_utils.train.rundir import SUMMARY_FILE
 from tutorial_utils.train.sysmetrics import PREFIX, system_fields
 
 #: run states after which nothing more is written: the poll thread stops

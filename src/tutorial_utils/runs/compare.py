@@ -34,8 +34,8 @@ from tutorial_utils.errors import ConfigError, TutorialError
 from tutorial_utils.io import read_json_or_empty
 from tutorial_utils.runs import checkpoints as rck
 from tutorial_utils.runs.registry import read_metrics, resolve, run_state
-from tutorial_utils.train.checkpoints import METRICS_FILE
-from tutorial_utils.train.loop import CONFIG_FILE, SUMMARY_FILE
+from tutorial_utils.train.checkpoints import CONFIG_FILE, METRICS_FILE
+from tutorial_utils.train.rundir import SUMMARY_FILE
 
 #: parameters that say where or how a run was launched, not what it trained: left out of the diff
 NOT_COMPARED = ("output_dir", "run_id", "resume", "resume_from", "progress", "system_metrics")

@@ -10,7 +10,7 @@ cluster: SIGTERM, SIGINT, SIGUSR1.
 
 ``resume`` is a new training invocation with ``resume=true``: exact (same losses as an
 uninterrupted run), from ``last`` or any ``step_*`` (``resume_from``; the run's later
-checkpoints are discarded). Only :data:`~tutorial_utils.train.loop.RESUME_CHANGEABLE` parameters
+checkpoints are discarded). Only :data:`~tutorial_utils.train.resume.RESUME_CHANGEABLE` parameters
 may change on resume; each change is recorded in ``train_config.json`` (``changes``: step, name,
 old, new). ``rollback`` keeps the old run as it is and forks a new run directory from a chosen
 checkpoint, ready to resume.
@@ -44,7 +44,10 @@ from tutorial_utils.runs.registry import (
     train_config,
 )
 from tutorial_utils.train import checkpoints as ck
-from tutorial_utils.train.loop import CONTROL_COMMANDS, CONTROL_FILE, METRICS_FILE, run_history
+from tutorial_utils.train.checkpoints import METRICS_FILE
+from tutorial_utils.train.control import CONTROL_COMMANDS
+from tutorial_utils.train.resume import run_history
+from tutorial_utils.train.rundir import CONTROL_FILE
 
 #: states in which a run has a training process to receive a command
 _LIVE = ("running",)
@@ -149,7 +152,7 @@ def resume(
     """Continue a stopped, paused or stale training run in this process (exact: the same
     losses as an uninterrupted run), from ``last`` or the checkpoint ``resume_from`` (a
     ``step_*`` name or a path), with ``changes`` from the allow-list
-    (:data:`~tutorial_utils.train.loop.RESUME_CHANGEABLE`; another parameter is a ConfigError
+    (:data:`~tutorial_utils.train.resume.RESUME_CHANGEABLE`; another parameter is a ConfigError
     naming it). ``source`` replaces the dataset (tests). Returns the ``TrainResult``.
 
     Check, then act: the checkpoint and the model are checked (:func:`_check_resumable`)

@@ -92,8 +92,8 @@ def validation_batch(checkpoint: str | os.PathLike, model, n: int = 8) -> tuple[
     a run or the run's dataset is not on this machine (a bundle exported elsewhere)."""
     import numpy as np
 
+    from tutorial_utils.train.checkpoints import CONFIG_FILE
     from tutorial_utils.train.data import WindowDataset, collate, open_dataset, split_episodes
-    from tutorial_utils.train.loop import CONFIG_FILE
 
     src = Path(checkpoint)
     src = src.resolve() if src.is_symlink() else src

@@ -42,7 +42,8 @@ from tutorial_utils.io import read_json_or_empty
 from tutorial_utils.runs import checkpoints as rck
 from tutorial_utils.runs.registry import read_metrics, resolve, run_state
 from tutorial_utils.train import checkpoints as ck
-from tutorial_utils.train.loop import CONFIG_FILE, LOG_FILE, SUMMARY_FILE
+from tutorial_utils.train.checkpoints import CONFIG_FILE
+from tutorial_utils.train.rundir import LOG_FILE, SUMMARY_FILE
 from tutorial_utils.train.watch import (  # the checks the training process also runs on itself
     SEVERITIES,
     Finding,

@@ -44,8 +44,9 @@ from tutorial_utils.train.checkpoints import (
     last_target,
     step_dirs,
 )
-from tutorial_utils.train.loop import CONFIG_FILE as TRAIN_CONFIG_FILE
-from tutorial_utils.train.loop import CONTROL_FILE, CONTROL_PAUSE, SUMMARY_FILE
+from tutorial_utils.train.checkpoints import CONFIG_FILE as TRAIN_CONFIG_FILE
+from tutorial_utils.train.control import CONTROL_PAUSE
+from tutorial_utils.train.rundir import CONTROL_FILE, SUMMARY_FILE
 
 #: what :func:`copy` writes into a new run that is not started yet
 COPY_FILE = "copy.json"

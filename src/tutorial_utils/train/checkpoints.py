@@ -2,21 +2,29 @@
 run directory's lock (one training process per ``output_dir``) and the clean-up of the
 temporary folders an interrupted save leaves behind; finding a checkpoint by name
 (``resume_from``), keep-last-N pruning that spares ``last`` and ``best``, and the discarding of
-a run's later checkpoints when it resumes from an earlier one."""
+a run's later checkpoints when it resumes from an earlier one. :class:`Checkpointer` is the training
+loop's writer of them (a save, ``best``); the choice of the checkpoint to resume from and the
+restore of its state are in :mod:`tutorial_utils.train.resume`."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
 import re
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tutorial_utils.errors import ConfigError, TutorialError
-from tutorial_utils.io import SmallFileError, read_json_or_empty, read_small
+from tutorial_utils.io import SmallFileError, atomic_dir, atomic_write_json, read_json_or_empty, read_small
+
+if TYPE_CHECKING:
+    from tutorial_utils.train.config import TrainConfig
 
 CHECKPOINTS_DIR = "checkpoints"
 BEST = "best"
@@ -328,7 +336,7 @@ def drop_optimizer_states(ckpt_root: Path, keep: str) -> list[str]:
     reason (:func:`optimizer_state_missing`). Returns the names it lightened."""
     import torch
 
-    from tutorial_utils.io import atomic_path, atomic_write_json
+    from tutorial_utils.io import atomic_path
 
     done = []
     for p in step_dirs(ckpt_root):
@@ -355,3 +363,77 @@ def optimizer_state_missing(path: Path, ckpt_root: Path | None = None) -> Config
         "one (resume=true, or resume_from=last), or start a new run from these weights with "
         f"pretrained_checkpoint={path} (a fresh optimizer: the losses will not match the original run's)."
     )
+
+
+# --- the training loop's checkpoints -----------------------------------------------------------
+
+
+class Checkpointer:
+    """``checkpoints/step_*`` (policy files + optimizer, scheduler and RNG state), ``last`` (a
+    relative symlink to the newest) and ``best`` (the lowest validation action error, unless
+    chosen by hand with ``runs.mark_best``); ``keep_last`` prunes older ``step_*`` after a save."""
+
+    def __init__(self, out: Path, cfg: TrainConfig, run_id: str, main: bool, world: int, dataset_meta: dict):
+        self.root, self.cfg, self.run_id, self.main, self.world = out / "checkpoints", cfg, run_id, main, world
+        self.dataset_meta = dataset_meta
+        self.best: dict = {"val_action_mae": None, "step": None}
+        self.ema = None  # tutorial_utils.train.speed.EMA when ema_decay > 0
+        self.restored: dict = {}  # the training_state.pt read by resume.restore (the EMA continues from it)
+
+    def served(self, model):
+        """A context in which ``model`` holds the weights to validate and serve: the EMA's when on."""
+        return self.ema.applied(model) if self.ema is not None else contextlib.nullcontext(model)
+
+    def save(self, step: int, reason: str, model, optimizer, scheduler, force: bool = False) -> Path | None:
+        """A step_* checkpoint and ``last`` pointing at it. ``force`` (a stop by signal) saves
+        even with save_checkpoint=false, so the run can resume."""
+        if not (self.main and (self.cfg.save_checkpoint or force)):
+            return None
+        import torch
+
+        from tutorial_utils.policies.checkpoint import write_policy_files
+
+        target = self.root / step_dir_name(step)
+        state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        if self.ema is not None:  # the policy files hold the average; the raw weights resume training
+            state.update(ema=self.ema.state_dict(), raw_weights=self.ema.raw_weights(model))
+        with atomic_dir(target) as tmp:
+            with self.served(model):
+                write_policy_files(model, tmp, {"dataset": self.dataset_meta, "step": step})
+            torch.save(state, tmp / TRAIN_STATE_FILE)
+            slow_save_hook()
+            atomic_write_json(
+                tmp / TRAIN_STATE_JSON,
+                {
+                    "step": step,
+                    "run_id": self.run_id,
+                    "reason": reason,
+                    "best": self.best,
+                    "batch_size": self.cfg.batch_size,
+                    "world_size": self.world,
+                    "seed": self.cfg.seed,
+                    "grad_accum_steps": self.cfg.grad_accum_steps,
+                    "ema_decay": self.cfg.ema_decay,
+                    "time": time.time(),
+                },
+            )
+        point_last(self.root, target)
+        if self.cfg.keep_optimizer == "last":
+            drop_optimizer_states(self.root, keep=target.name)
+        gone = prune(self.root, self.cfg.keep_last, protect=(target.name,))
+        if gone:
+            print(f"keep_last={self.cfg.keep_last}: removed {', '.join(gone)}", file=sys.stderr)
+        return target
+
+    def offer_best(self, model, step: int, val: dict) -> bool:
+        """Record ``val``; a new lowest validation error is saved to ``best``. Returns whether it was."""
+        improved = self.best["val_action_mae"] is None or val["val_action_mae"] < self.best["val_action_mae"]
+        if improved:
+            self.best = {"val_action_mae": val["val_action_mae"], "step": step}
+            if self.cfg.save_checkpoint and self.main and not marked_by_hand(self.root):
+                model.save(self.root / "best", {"dataset": self.dataset_meta, "step": step, "val": val})
+        return improved

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from tutorial_utils.io import read_jsonl
+from tutorial_utils.train.checkpoints import METRICS_FILE
 from tutorial_utils.train.config import DatasetNotReady, TrainConfig
 from tutorial_utils.train.data import _in_data
-from tutorial_utils.train.loop import LOG_FILE, METRICS_FILE, TrainResult, train
+from tutorial_utils.train.loop import TrainResult, train
+from tutorial_utils.train.rundir import LOG_FILE
 
 # --- the job notebook's logic ---------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """System metrics the training process samples into its ``metrics.jsonl`` rows.
 
-:class:`SystemSampler` is called by :class:`tutorial_utils.train.loop.RunLog` at each log row
+:class:`SystemSampler` is called by :class:`tutorial_utils.train.runlog.RunLog` at each log row
 (every ``log_freq`` steps, main process only, when ``system_metrics=true``). One call reads a
 few ``/proc`` files through ``psutil`` and, when CUDA is in use, two counters of torch's
 caching allocator: tens of microseconds, so sampling never slows training
