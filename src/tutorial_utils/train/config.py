@@ -103,7 +103,14 @@ class TrainConfig:
         "data",
     )
     val_samples: int = _p(64, "held-out frames scored at each evaluation (evenly spaced)", "data")
-    data_cache_mb: int = _p(1024, "decoded-video cache per data process, MB (whole episodes are decoded once)", "data")
+    data_cache_mb: int = _p(
+        1024,
+        "decoded-video cache per data process, MB (whole episodes are decoded once; a cache smaller than the "
+        "dataset's decoded frames decodes episodes again and again, and the decoding takes the trainer's cores)",
+        "data",
+        cpu=4096,
+        gpu=1024,
+    )
     # the policy family
     policy: str = _p(
         "mini", "policy family from the registry (`tutorial_utils.policies.trainable()`: mini, mlp, ...)", "policy"
