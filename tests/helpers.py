@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
+
+import numpy as np
 
 from tutorial_utils import logs as L
 
@@ -368,3 +371,145 @@ def record_config(**kw):
     base = dict(suite="libero_spatial", task_ids=(0, 1), episodes_per_task=2, image_size=RECORD_SIZE)
     base.update(kw)
     return rec.RecordConfig(**base)
+
+
+# --- LeRobot families at a tiny size (a few seconds per family on one core) -----------------------
+LEROBOT_SIZE = 32
+#: tiny sizes: a few seconds per family on one core (the ResNet-18 backbone is most of it)
+LEROBOT_TINY = {
+    "act": {
+        "image_size": LEROBOT_SIZE,
+        "chunk_size": 8,
+        "n_action_steps": 4,
+        "dim_model": 32,
+        "n_heads": 2,
+        "dim_feedforward": 64,
+        "n_encoder_layers": 1,
+        "n_vae_encoder_layers": 1,
+        "latent_dim": 8,
+    },
+    "diffusion": {
+        "image_size": LEROBOT_SIZE,
+        "horizon": 8,
+        "n_action_steps": 4,
+        "down_dims": "16,32",
+        "diffusion_step_embed_dim": 16,
+        "n_groups": 4,
+        "num_inference_steps": 2,
+        "spatial_softmax_num_keypoints": 8,
+    },
+    "vqbet": {
+        "image_size": LEROBOT_SIZE,
+        "action_chunk_size": 4,
+        "n_vqvae_training_steps": 1,  # step 1 fits the residual VQ, step 2 trains the GPT
+        "vqvae_n_embed": 4,
+        "vqvae_embedding_dim": 16,
+        "vqvae_enc_hidden_dim": 16,
+        "gpt_n_layer": 1,
+        "gpt_n_head": 2,
+        "gpt_hidden_dim": 32,
+        "spatial_softmax_num_keypoints": 8,
+    },
+}
+
+
+# --- the zoo's catalogue against the policy registry (test_experiments_zoo, test_policies_seam) ---
+def check_catalog_matches_registry() -> None:
+    """Every family the guide names is in the registry, and every registered family that trains or
+    names a GPU recipe is in the catalog (mlp is the book's own baseline, not a guide family)."""
+    from tutorial_utils import policies
+    from tutorial_utils.experiments import catalog
+
+    cat = catalog.catalog()
+    registered = set(policies.available())
+    assert set(cat.index) <= registered
+    # (a test that registers a family of its own restores the registry afterwards: the `registry` fixture)
+    ours = set(policies.trainable()) | set(policies.gpu_server())
+    assert ours - {"mlp"} == set(cat.index)
+    assert set(cat.index[cat["in the comparison"]]) == set(catalog.comparison_families())
+    assert cat.loc["smolvla", "GPU server"] and not cat.loc["smolvla", "trains here"]
+    # the RL rows say what ran: SAC a smoke test the trainer does not train; TD-MPC trained offline, evaluated
+    assert not cat.loc["sac", "trains here"]
+    assert "smoke test" in cat.loc["sac", "here"] and "never evaluated in LIBERO" in cat.loc["sac", "here"]
+    assert cat.loc["tdmpc", "trains here"] and "evaluated in LIBERO" in cat.loc["tdmpc", "here"]
+    assert "never trained online" in cat.loc["tdmpc", "here"]
+
+
+# --- a stand-in for LIBERO in the evaluation loop ---------------------------------------------------
+class FakeEnv:
+    """Just enough of tutorial_utils.sim.libero_env.LiberoEnv: x moves by the action's first value and
+    the episode succeeds once x reaches the goal, ``goal`` everywhere or ``goals[task_id][init_state]``
+    (so one task can mix successes and failures and a wrong init state shows in the results)."""
+
+    def __init__(self, task_id, goal=6.0, size=128, goals: dict | None = None, num_init_states: int = 50):
+        self.task_id, self.goal, self.size, self.goals = int(task_id), goal, size, goals
+        self.task_language = f"fake task {task_id}"
+        self.num_init_states = num_init_states
+        self.actions, self.priv_calls, self.x = [], 0, 0.0
+
+    class info:  # noqa: N801
+        @staticmethod
+        def to_dict():
+            return {"suite": "libero_spatial", "objects_of_interest": ["bowl", "plate"]}
+
+    def reset(self, init_state=0):
+        self.x, self.actions = 0.0, []
+        if self.goals is not None:
+            self.goal = self.goals[self.task_id][init_state]
+        return {"x": self.x}
+
+    def step(self, a):
+        self.actions.append(np.asarray(a))
+        self.x += float(a[0])
+        return {"x": self.x}, 0.0, False, {}
+
+    def check_success(self):
+        return self.x >= self.goal
+
+    def images(self, obs, scale: float = 1.0):
+        img = np.full((self.size, self.size, 3), int(obs["x"] * scale) % 255, np.uint8)
+        return img, img
+
+    def state_vector(self, obs):
+        return np.full(8, obs["x"], np.float32)
+
+    def privileged_observation(self):
+        self.priv_calls += 1
+        return {"x": self.x}
+
+    def close(self):
+        pass
+
+
+# --- headless Chromium (the browser tests of the built book and of JupyterLab) ---------------------
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+def headless_chrome(width: int = 1280, height: int = 1600):
+    """A Selenium driver of headless Chromium at ``width`` x ``height``, its console log kept (the
+    caller quits it)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        f"--window-size={width},{height}",
+    ):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    d = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    d.set_page_load_timeout(60)
+    d.implicitly_wait(0)
+    return d

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import FakeEnv
 from tutorial_utils import logs
 from tutorial_utils.evaluate.chain import _absolute, run_job
 from tutorial_utils.evaluate.loop import (
@@ -64,47 +65,6 @@ def test_parse_task_ids_and_max_steps():
 
 
 # --- the client loop against a fake env ------------------------------------------------------------
-
-
-class FakeEnv:
-    """Just enough of tutorial_utils.sim.libero_env.LiberoEnv: succeeds once x has moved ``goal``."""
-
-    def __init__(self, task_id, goal=6.0, size=128):
-        self.task_id, self.goal, self.size = task_id, goal, size
-        self.task_language = f"fake task {task_id}"
-        self.num_init_states = 50
-        self.actions, self.priv_calls, self.x = [], 0, 0.0
-
-    class info:  # noqa: N801
-        @staticmethod
-        def to_dict():
-            return {"suite": "libero_spatial", "objects_of_interest": ["bowl", "plate"]}
-
-    def reset(self, init_state=0):
-        self.x, self.actions = 0.0, []
-        return {"x": self.x}
-
-    def step(self, a):
-        self.actions.append(np.asarray(a))
-        self.x += float(a[0])
-        return {"x": self.x}, 0.0, False, {}
-
-    def check_success(self):
-        return self.x >= self.goal
-
-    def images(self, obs):
-        img = np.full((self.size, self.size, 3), int(obs["x"]) % 255, np.uint8)
-        return img, img
-
-    def state_vector(self, obs):
-        return np.full(8, obs["x"], np.float32)
-
-    def privileged_observation(self):
-        self.priv_calls += 1
-        return {"x": self.x}
-
-    def close(self):
-        pass
 
 
 class CountingPolicy(policies.Policy):

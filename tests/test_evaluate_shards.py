@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import helpers
 from tutorial_utils import logs
 from tutorial_utils.errors import ConfigError, TutorialError
 from tutorial_utils.evaluate import parallel
@@ -73,38 +74,17 @@ def test_bad_shard_is_a_teaching_error(values, match):
 # --- a fake env: success depends on the task and the init state --------------------------------------
 
 
-class FakeEnv:
-    """Moves x by the action; succeeds when x reaches the goal of (task, init state), so one task
-    mixes successes and failures and a wrong init state would show in the results."""
+class FakeEnv(helpers.FakeEnv):
+    """Three init states per task, each with its own goal, so one task mixes successes and failures
+    and a wrong init state would show in the results."""
 
     GOALS = {0: (3.0, 1e9, 3.0), 1: (1e9, 2.0, 1e9), 2: (4.0, 4.0, 4.0)}
 
     def __init__(self, task_id, size=32):
-        self.task_id, self.size = int(task_id), size
-        self.task_language = f"fake task {task_id}"
-        self.num_init_states = 3
-        self.x, self.goal = 0.0, 1e9
+        super().__init__(task_id, goal=1e9, size=size, goals=self.GOALS, num_init_states=3)
 
-    def reset(self, init_state=0):
-        self.x, self.goal = 0.0, self.GOALS[self.task_id][init_state]
-        return {"x": self.x}
-
-    def step(self, a):
-        self.x += float(a[0])
-        return {"x": self.x}, 0.0, False, {}
-
-    def check_success(self):
-        return self.x >= self.goal
-
-    def images(self, obs):
-        img = np.full((self.size, self.size, 3), int(obs["x"] * 20) % 255, np.uint8)
-        return img, img
-
-    def state_vector(self, obs):
-        return np.full(8, obs["x"], np.float32)
-
-    def close(self):
-        pass
+    def images(self, obs, scale: float = 20.0):
+        return super().images(obs, scale)
 
 
 class OnePolicy(policies.Policy):

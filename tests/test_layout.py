@@ -286,3 +286,50 @@ def test_every_measured_duration_names_a_test_that_exists():
             stale.append(nodeid)
     assert not stale, f"{DURATIONS.name} names tests that no longer exist: {stale[:5]}; run `make test-durations`"
     assert any(v >= SLOW_S for v in measured.values())
+
+
+# --- the tests mirror the stages --------------------------------------------------------------------
+#: what a test module may be about besides a stage, a plumbing module or an orchestration module: the
+#: book as a whole (its pages, notebooks, browser checks), this layout, CONTRIBUTING.md, the benchmarks
+PROJECT = ("book", "layout", "contributing", "benchmarks")
+#: the shared modules of tests/ that test modules may import (fixtures, tiny configs, fake upstreams)
+SHARED = ("helpers", "conftest", "fake_upstream", "upstream_logs", "lerobot03_load")
+#: one exception: CONTRIBUTING.md's test reads the stage order from its one home, this module
+READS_THE_LAYOUT = ("test_contributing",)
+
+
+def _test_prefix_problem(filename: str) -> str | None:
+    """Why ``filename`` does not follow ``test_<stage>_<module>.py`` (None when it does)."""
+    known = (*STAGES, *PLUMBING, *ORCHESTRATION, "cli", *PROJECT)
+    stem = filename.removesuffix(".py").removeprefix("test_")
+    if any(stem == k or stem.startswith(f"{k}_") for k in known):
+        return None
+    return f"{filename}: name it test_<stage>_<module>.py after what it tests (<stage>: one of {', '.join(known)})"
+
+
+def test_test_modules_are_named_after_their_stage():
+    """``tests/test_<stage>_<module>.py`` (CONTRIBUTING.md, "Add a stage"): a reader looking for the
+    tests of ``serve/config.py`` opens ``tests/test_serve_config.py``."""
+    tests = Path(__file__).resolve().parent
+    problems = [p for f in sorted(tests.glob("test_*.py")) if (p := _test_prefix_problem(f.name))]
+    assert not problems, "\n".join(problems)
+    assert _test_prefix_problem("test_serve_config.py") is None and _test_prefix_problem("test_train.py") is None
+    assert _test_prefix_problem("test_zoo.py") and _test_prefix_problem("test_trainer.py")
+
+
+def test_test_modules_import_no_other_test_module():
+    """Shared fixtures live in ``tests/helpers.py``: a test module that imports another one runs that
+    module's tests' set-up twice and breaks when it is renamed."""
+    tests = Path(__file__).resolve().parent
+    own = {p.stem for p in tests.glob("*.py")}
+    bad = []
+    for path in sorted(tests.rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            bad += [
+                f"{path.name} imports {n}"
+                for n in names
+                if n in own and n not in SHARED and not (n == "test_layout" and path.stem in READS_THE_LAYOUT)
+            ]
+    assert not bad, f"{bad}: move what they share into tests/helpers.py"

@@ -14,7 +14,7 @@ job is read or run (:func:`resolve`), so this plumbing module imports no stage:
 
 ``JOBS`` is a literal: ``tests/test_layout.py`` reads it with :mod:`ast` and checks each target
 as an import edge from plumbing into a stage, which an import graph cannot see; and
-``tests/test_job_params.py`` checks that each job notebook names its entry.
+``tests/test_jobs_parameters.py`` checks that each job notebook names its entry.
 """
 
 from __future__ import annotations

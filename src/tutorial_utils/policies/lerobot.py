@@ -801,7 +801,7 @@ def from_lerobot_pretrained(directory, statistics: Mapping[str, Any], family: st
     ``directory`` is LeRobot's ``checkpoints/<step>/pretrained_model`` (its ``config.json`` and
     ``model.safetensors``); ``statistics`` our ``dataset_statistics.json`` of the recording it was
     trained on (the converted recording's statistics are the same numbers:
-    ``tests/test_lerobot_parity.py``). The weights load into the family's adapter with the same
+    ``tests/test_train_lerobot_parity.py``). The weights load into the family's adapter with the same
     parameters, so ``save`` writes a checkpoint our server serves (``serve --policy act --checkpoint
     ...``). Refuses, naming the parameter, a LeRobot config our family cannot express."""
     import json

@@ -1,6 +1,6 @@
 """LeRobot 0.4.4's reinforcement-learning families, TD-MPC and SAC, fed from recorded demonstrations.
 
-**What has run, exactly** (:data:`TDMPC_WHAT_RAN`, :data:`SAC_WHAT_RAN`). ``tests/test_lerobot_rl.py``
+**What has run, exactly** (:data:`TDMPC_WHAT_RAN`, :data:`SAC_WHAT_RAN`). ``tests/test_policies_lerobot_rl.py``
 runs 2 optimisation steps of each on a 24-frame synthetic source (3 episodes of 8 frames, 48 px),
 saves, reloads and serves the result. TD-MPC has also been trained offline by the project's trainer
 on one libero_spatial task's recorded demonstrations and evaluated in LIBERO, in chapter 9's positive

@@ -5,7 +5,7 @@ the promoted files in ``logs/`` and ``assets/`` (myst-nb ``glue`` or a printed c
 are facts about other systems (the IPEC dataset's size, upstream DiT4DiT's reported success
 rates, LIBERO's step limits, the parameter counts of the official checkpoint...) live here, once,
 with where they come from. Notebooks glue them (``glue(name, facts.text(name), display=False)``);
-the prose pages in ``book/`` may type them, and ``tests/test_page_numbers.py`` checks that every
+the prose pages in ``book/`` may type them, and ``tests/test_book_page_numbers.py`` checks that every
 number typed on a page is either glued, one of these values, or on its short allow-list.
 
 Each fact is ``{"value": number or tuple of numbers, "unit": str, "source": str}``. Sources name

@@ -95,14 +95,14 @@ def test_a_family_registered_in_a_test_joins_the_catalogue_and_is_removed_afterw
     """One class and one ``register`` line: the zoo's catalogue lists it (its ``catalog`` row),
     the catalogue's own test accepts it, the train CLI lists its parameters, and its train
     defaults come from the seam (nothing frozen). The fixture removes it afterwards."""
-    from test_zoo import test_the_catalog_matches_the_policy_registry
+    from helpers import check_catalog_matches_registry
     from tutorial_utils.experiments import catalog
     from tutorial_utils.train.cli import main
 
     registry.register(ConstantPolicy.name, ConstantPolicy)
     cat = catalog.catalog()
     assert cat.loc["test_constant", "trains here"] and not cat.loc["test_constant", "in the comparison"]
-    test_the_catalog_matches_the_policy_registry()
+    check_catalog_matches_registry()
     assert "test_constant" not in catalog.comparison_families()
     assert main(["--list-params", "policy=test_constant"]) == 0
     assert TrainConfig.from_overrides({"policy": "test_constant"}).freeze_list == []

@@ -12,14 +12,14 @@ import json
 import numpy as np
 import pytest
 
+from helpers import LEROBOT_SIZE as SIZE
+from helpers import LEROBOT_TINY as FAMILY_TINY
 from helpers import TINY_MINI, needs_lerobot
-from test_lerobot_family import SIZE
-from test_lerobot_family import TINY as FAMILY_TINY
 from tutorial_utils import policies
 from tutorial_utils.policies.base import BATCH_ACTION, BATCH_ACTION_IS_PAD, CheckpointError
 from tutorial_utils.train.data import WindowDataset, collate, synthetic_source
 
-# one observation frame: the windows below are one-frame windows (history has its own tests, test_history.py)
+# one observation frame: the windows below are one-frame windows (history has its own tests, test_serve_history.py)
 TINY = {**{k: v for k, v in FAMILY_TINY["diffusion"].items() if k != "num_inference_steps"}, "n_obs_steps": 1}
 
 

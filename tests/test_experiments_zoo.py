@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from helpers import check_catalog_matches_registry
 from tutorial_utils import paths
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.experiments import budget, catalog, coverage, sweep, zoo
@@ -101,21 +102,7 @@ def test_load_names_the_file_and_the_fix(tmp_path):
 def test_the_catalog_matches_the_policy_registry():
     """Every family the guide names is in the registry, and every registered family that trains or
     names a GPU recipe is in the catalog (mlp is the book's own baseline, not a guide family)."""
-    from tutorial_utils import policies
-
-    cat = catalog.catalog()
-    registered = set(policies.available())
-    assert set(cat.index) <= registered
-    # (a test that registers a family of its own restores the registry afterwards: the `registry` fixture)
-    ours = set(policies.trainable()) | set(policies.gpu_server())
-    assert ours - {"mlp"} == set(cat.index)
-    assert set(cat.index[cat["in the comparison"]]) == set(catalog.comparison_families())
-    assert cat.loc["smolvla", "GPU server"] and not cat.loc["smolvla", "trains here"]
-    # the RL rows say what ran: SAC a smoke test the trainer does not train; TD-MPC trained offline, evaluated
-    assert not cat.loc["sac", "trains here"]
-    assert "smoke test" in cat.loc["sac", "here"] and "never evaluated in LIBERO" in cat.loc["sac", "here"]
-    assert cat.loc["tdmpc", "trains here"] and "evaluated in LIBERO" in cat.loc["tdmpc", "here"]
-    assert "never trained online" in cat.loc["tdmpc", "here"]
+    check_catalog_matches_registry()
 
 
 def test_the_zoo_adds_only_its_warm_up_to_a_family_recipe():

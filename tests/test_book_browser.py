@@ -12,7 +12,6 @@ import contextlib
 import functools
 import http.server
 import os
-import shutil
 import subprocess
 import threading
 import urllib.error
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from helpers import headless_chrome
 from tutorial_utils.report import book
 
 pytestmark = pytest.mark.browser
@@ -31,8 +31,6 @@ SHOTS = REPO / "_build" / "screenshots"
 PAGES = [p.relative_to(REPO).with_suffix(".html").as_posix() for p in book.toc_files(REPO)]
 #: an output that shows a widget (myst-nb writes its view as a script of this type)
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
 def _need_book():
@@ -83,28 +81,7 @@ def bare_driver():
 
 @contextlib.contextmanager
 def _chrome():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        "--window-size=1280,1600",
-    ):
-        opts.add_argument(flag)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    d = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    d.set_page_load_timeout(60)
+    d = headless_chrome(1280, 1600)
     try:
         yield d
     finally:

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import needs_lerobot, openpi_observation
+from helpers import LEROBOT_SIZE, LEROBOT_TINY, needs_lerobot, openpi_observation
 from tutorial_utils import policies
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.policies.base import CheckpointError, ObservationError, PolicyUnavailable
@@ -33,43 +33,8 @@ from tutorial_utils.train.data import synthetic_source
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-SIZE = 32
-#: tiny sizes: a few seconds per family on one core (the ResNet-18 backbone is most of it)
-TINY = {
-    "act": {
-        "image_size": SIZE,
-        "chunk_size": 8,
-        "n_action_steps": 4,
-        "dim_model": 32,
-        "n_heads": 2,
-        "dim_feedforward": 64,
-        "n_encoder_layers": 1,
-        "n_vae_encoder_layers": 1,
-        "latent_dim": 8,
-    },
-    "diffusion": {
-        "image_size": SIZE,
-        "horizon": 8,
-        "n_action_steps": 4,
-        "down_dims": "16,32",
-        "diffusion_step_embed_dim": 16,
-        "n_groups": 4,
-        "num_inference_steps": 2,
-        "spatial_softmax_num_keypoints": 8,
-    },
-    "vqbet": {
-        "image_size": SIZE,
-        "action_chunk_size": 4,
-        "n_vqvae_training_steps": 1,  # step 1 fits the residual VQ, step 2 trains the GPT
-        "vqvae_n_embed": 4,
-        "vqvae_embedding_dim": 16,
-        "vqvae_enc_hidden_dim": 16,
-        "gpt_n_layer": 1,
-        "gpt_n_head": 2,
-        "gpt_hidden_dim": 32,
-        "spatial_softmax_num_keypoints": 8,
-    },
-}
+SIZE = LEROBOT_SIZE
+TINY = LEROBOT_TINY
 #: (action_horizon, served replan_steps) of each TINY config (Diffusion: horizon 8 from t - 1, with its
 #: recipe's 2 observation frames, so 7 actions from the current frame on)
 CHUNKS = {"act": (8, 4), "diffusion": (7, 4), "vqbet": (4, 4)}
@@ -420,7 +385,7 @@ def test_every_family_lists_its_parameters_and_the_guides_names_are_there(capsys
 
 def test_smolvla_message_says_why_it_cannot_be_built_offline_here():
     """The Hub VLM: its weights, why not here (huggingface_hub), and the stand-in smoke test that does run here
-    (tests/test_smolvla.py runs it)."""
+    (tests/test_policies_smolvla.py runs it)."""
     msg = str(_smolvla_error())
     assert "HuggingFaceTB/SmolVLM2-500M-Video-Instruct" in msg and "huggingface_hub" in msg
     assert "python -m tutorial_utils zoo smolvla-smoke" in msg

@@ -4,8 +4,8 @@ semantics (clamped into the episode, ``*_is_pad`` masks), the served policy's pe
 ``episode_id``, new prompt, ``reset()``) and the evaluation client's ``observe_only`` frames.
 
 The LeRobot families' own training with history (Diffusion Policy with its recipe's
-``n_obs_steps=2``) runs in ``tests/test_lerobot_family.py``; the equality with LeRobot's own
-``LeRobotDataset`` on a converted recording in ``tests/test_lerobot_parity.py``."""
+``n_obs_steps=2``) runs in ``tests/test_policies_lerobot.py``; the equality with LeRobot's own
+``LeRobotDataset`` on a converted recording in ``tests/test_train_lerobot_parity.py``."""
 
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def test_the_server_resets_the_history_on_a_new_connection():
 def test_the_evaluation_client_sends_every_frame_of_an_episode_to_a_history_policy(tmp_path, monkeypatch):
     """Replanning every 2 steps, the history still sees every step: the frames in between arrive
     ``observe_only``, each request carries the episode's id, and a new episode starts a new history."""
-    from test_evaluate import FakeEnv
+    from helpers import FakeEnv
     from tutorial_utils.evaluate.loop import EvalConfig, run_evaluation
     from tutorial_utils.serve.server import ServerThread
     from tutorial_utils.sim import libero_env

@@ -101,7 +101,7 @@ def _lerobots(model, converted) -> dict:
 def test_our_batch_is_lerobots_batch(name, recordings):
     import torch
 
-    from test_lerobot_family import TINY
+    from helpers import LEROBOT_TINY as TINY
     from tutorial_utils import policies
     from tutorial_utils.train.data import open_dataset
 

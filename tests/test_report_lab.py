@@ -24,14 +24,13 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from helpers import headless_chrome
 from tutorial_utils.report import lab
 
 SHOTS = REPO / "_build" / "screenshots"
 WORKFLOW = REPO / ".github" / "workflows" / "book.yml"
 #: the chapter with the episode browser widget (``grep -n episode_browser notebooks/*.md``)
 WIDGET_CHAPTER = REPO / "notebooks" / "03_dataset.md"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-DRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 
 
 # --- token, command, settings -----------------------------------------------------------------
@@ -265,27 +264,7 @@ def test_workflow_builds_with_the_make_targets_and_deploys_only_main():
 
 # --- the browser test of the interactive door ---------------------------------------------------
 def _chrome(width: int = 1400, height: int = 1000):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--window-size={width},{height}",
-    ):
-        opts.add_argument(flag)
-    d = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    d.set_page_load_timeout(60)
-    d.implicitly_wait(0)
-    return d
+    return headless_chrome(width, height)
 
 
 def _wait(driver, script: str, *args, timeout: float = 60, what: str = ""):
