@@ -27,7 +27,7 @@ from tutorial_utils.bridge.checkout import (
 )
 from tutorial_utils.errors import ConfigError
 from tutorial_utils.params import param
-from tutorial_utils.sim.libero_env import SUITES
+from tutorial_utils.sim.suites import LIBERO as SUITES
 
 COMMANDS_SH = "commands.sh"
 TRAIN_LOG = "train.log"

@@ -47,7 +47,7 @@ class EvalConfig:
 
     policy: str = like(ServeConfig, "policy")
     checkpoint: str | None = like(ServeConfig, "checkpoint")
-    suite: str = param("libero_spatial", "LIBERO suite (one of tutorial_utils.sim.libero_env.SUITES)")
+    suite: str = param("libero_spatial", "benchmark suite (LIBERO's, or one registered in tutorial_utils.sim.suites)")
     task_ids: str = param(
         "0", "tasks to run: all, 0-4, 0,3 (one parser: tutorial_utils.params.parse_task_ids)", cpu="all"
     )
@@ -90,10 +90,9 @@ class EvalConfig:
         from tutorial_utils.params import parse_task_ids
 
         parse_task_ids(self.task_ids)
-        from tutorial_utils.sim.libero_env import SUITES
+        from tutorial_utils.sim import suites
 
-        if self.suite not in SUITES:
-            raise ConfigError(f"suite={self.suite!r}: use one of {', '.join(SUITES)}")
+        suites.get(self.suite)  # an unknown name lists the known ones
         if self.protocol not in ("openpi", "dit4dit"):
             raise ConfigError(f"protocol={self.protocol!r}: use openpi or dit4dit")
         if self.render_profile not in ("fast", "reference"):
@@ -134,13 +133,11 @@ def to_env_action(action, gripper: str = "robosuite"):
 
 
 def suite_max_steps(suite: str, override: int | None = None) -> int:
-    from tutorial_utils.sim.libero_env import MAX_STEPS
+    from tutorial_utils.sim import suites
 
     if override:
         return int(override)
-    if suite not in MAX_STEPS:
-        raise ValueError(f"unknown suite {suite!r}: expected one of {', '.join(MAX_STEPS)}")
-    return MAX_STEPS[suite]
+    return suites.get(suite).max_steps
 
 
 def write_video(path: Path, frames: list, fps: int = VIDEO_FPS) -> Path:
@@ -191,7 +188,7 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
     from tutorial_utils.data.images import resize
     from tutorial_utils.policies import base as P
     from tutorial_utils.serve.protocol import ServingError, reply_actions
-    from tutorial_utils.sim.libero_env import SETTLE_ACTION
+    from tutorial_utils.sim import suites
 
     t0 = time.monotonic()
     image_size = meta.get("image_size")
@@ -211,8 +208,9 @@ def run_episode(env, client, meta: dict, cfg: EvalConfig, init_state: int, max_s
     episode_id = uuid.uuid4().hex
     obs = env.reset(init_state)
     client.reset()
+    settle = np.asarray(suites.get(cfg.suite).settle_action, dtype=np.float64)
     for _ in range(cfg.num_steps_wait):
-        obs, _r, _done, _info = env.step(SETTLE_ACTION)
+        obs, _r, _done, _info = env.step(settle)
     plan: deque = deque()
     frames, success, steps = [], False, 0
     round_trip_ms: list[float] = []  # each request, as the client sees it (encode, send, infer, reply)
@@ -305,8 +303,9 @@ def run_evaluation(cfg: EvalConfig, out=None, pairs: list | None = None) -> dict
 
     from tutorial_utils.evaluate import shards
     from tutorial_utils.serve.client import PolicyClient
-    from tutorial_utils.sim import libero_env
+    from tutorial_utils.sim import suites
 
+    suite = suites.get(cfg.suite)
     if pairs is None and cfg.workers > 1:
         raise ConfigError(
             f"workers={cfg.workers}: run_evaluation is one client process; N workers are started by "
@@ -327,7 +326,7 @@ def run_evaluation(cfg: EvalConfig, out=None, pairs: list | None = None) -> dict
     )
     meta = dict(client.metadata)
     results = _results_skeleton(cfg, meta)
-    task_ids = cfg.task_list or list(range(libero_env.num_tasks(cfg.suite)))
+    task_ids = cfg.task_list or list(range(suite.num_tasks()))
     numbers = shards.episode_numbers(task_ids, cfg.trials_per_task)
     if pairs is None:
         pairs = shards.shard_pairs(task_ids, cfg.trials_per_task, cfg.shard, cfg.num_shards)
@@ -340,8 +339,7 @@ def run_evaluation(cfg: EvalConfig, out=None, pairs: list | None = None) -> dict
     total_eps = total_ok = 0
     try:
         for task_id, trials in shards.group_by_task(pairs).items():
-            env = libero_env.make_env(
-                cfg.suite,
+            env = suite.make_env(
                 int(task_id),
                 init_state=0,
                 image_size=cfg.env_image_size,

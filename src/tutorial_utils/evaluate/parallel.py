@@ -63,9 +63,9 @@ def evaluate(cfg: EvalConfig, out=None, poll_s: float = 0.5) -> dict:
 def resolve_task_ids(cfg: EvalConfig) -> list[int]:
     if cfg.task_list is not None:
         return cfg.task_list
-    from tutorial_utils.sim import libero_env
+    from tutorial_utils.sim import suites
 
-    return list(range(libero_env.num_tasks(cfg.suite)))
+    return list(range(suites.get(cfg.suite).num_tasks()))
 
 
 def worker_env(workers: int) -> dict[str, str]:

@@ -36,15 +36,15 @@ from typing import Any
 import numpy as np
 
 from tutorial_utils.data.libero_schema import is_noop  # noqa: F401  (le.is_noop: the recorder's rule)
-from tutorial_utils.sim import gl
+from tutorial_utils.sim import gl, suites
 
-#: Suites and their episode step limits (FACTS section 5).
-MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
-SUITES = tuple(MAX_STEPS)
+#: LIBERO's suites and their episode step limits: the records of tutorial_utils.sim.suites (FACTS section 5)
+MAX_STEPS = {name: suites.get(name).max_steps for name in suites.LIBERO}
+SUITES = suites.LIBERO
 #: Dummy steps at the start of every episode so objects settle (FACTS section 5).
 NUM_STEPS_WAIT = 10
 #: The settle action: no motion, gripper open (robosuite convention).
-SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
+SETTLE_ACTION = np.array(suites.OPEN_STILL, dtype=np.float64)
 RENDER_PROFILES = ("reference", "fast")
 GL_BACKENDS = ("egl", "osmesa")
 #: Comma-separated backends to try instead of ``egl,osmesa`` (``none`` simulates a machine without GL).
