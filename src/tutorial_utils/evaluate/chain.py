@@ -73,7 +73,16 @@ def run_chain(cfg: EvalConfig, run_dir: str | os.PathLike = "") -> ChainResult:
     server_log, eval_log = rd / SERVER_LOG, rd / eval_log_name(cfg.suite)
     stages: dict[str, float] = {}
     py = sys.executable
-    srv_cmd = server_argv(ServeConfig(policy=cfg.policy, checkpoint=checkpoint, host="127.0.0.1", port=port), py)
+    srv_cmd = server_argv(
+        ServeConfig(
+            policy=cfg.policy,
+            checkpoint=checkpoint,
+            host="127.0.0.1",
+            port=port,
+            temporal_ensemble_coeff=cfg.temporal_ensemble_coeff,
+        ),
+        py,
+    )
     jobs.update_status(rd, stage="server", eval={"port": port, "policy": cfg.policy, "suite": cfg.suite})
     with open(server_log, "w", encoding="utf-8") as srv_fh:
         server = subprocess.Popen(srv_cmd, stdout=srv_fh, stderr=subprocess.STDOUT, env=_child_env(), cwd=os.fspath(rd))

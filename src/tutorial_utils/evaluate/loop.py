@@ -47,6 +47,7 @@ class EvalConfig:
 
     policy: str = like(ServeConfig, "policy")
     checkpoint: str | None = like(ServeConfig, "checkpoint")
+    temporal_ensemble_coeff: float | None = like(ServeConfig, "temporal_ensemble_coeff")
     suite: str = param("libero_spatial", "benchmark suite (LIBERO's, or one registered in tutorial_utils.sim.suites)")
     task_ids: str = param(
         "0", "tasks to run: all, 0-4, 0,3 (one parser: tutorial_utils.params.parse_task_ids)", cpu="all"

@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from tutorial_utils.errors import ConfigError
 from tutorial_utils.policies.base import Policy, PolicyUnavailable
 from tutorial_utils.policies.trainable import TrainablePolicy
 
@@ -120,6 +121,11 @@ def make_policy(name: str, checkpoint: str | None = None, **kwargs: Any) -> Poli
     """The serving :class:`Policy` registered as ``name``; trainable families load ``checkpoint``."""
     target = _resolve(name)
     if not _is_trainable(target):
+        if kwargs.get("temporal_ensemble") is not None:
+            raise ConfigError(
+                f"temporal_ensemble_coeff applies to a trained family's chunks; policy {name!r} is not one. "
+                "Leave it None (the default) for this policy."
+            )
         return target(checkpoint=checkpoint, **kwargs)
     if _needs_gpu_server(target):
         raise PolicyUnavailable(target.recipe())

@@ -171,10 +171,17 @@ class TrainablePolicy:
         gripper: str | None = None,
         seed: int | None = 0,
         image_size: int | None = None,
+        temporal_ensemble: float | None = None,
     ) -> Policy:
         """This model behind the serving :class:`Policy` interface."""
         return ServedModel(
-            self, checkpoint=checkpoint, replan_steps=replan_steps, gripper=gripper, seed=seed, image_size=image_size
+            self,
+            checkpoint=checkpoint,
+            replan_steps=replan_steps,
+            gripper=gripper,
+            seed=seed,
+            image_size=image_size,
+            temporal_ensemble=temporal_ensemble,
         )
 
 
@@ -234,6 +241,11 @@ class ServedModel(Policy):
     as in training. openpi's client sends only the frames it predicts from, so there the history is
     ``replan_steps`` apart (and an older client without ``episode_start``, like PyPI's openpi-client
     0.1.2, carries it across the episodes of one task on one connection).
+
+    ``temporal_ensemble`` (a coefficient, ACT's 0.01; None: off) answers each request with one action,
+    the running average of every chunk's prediction for this step
+    (:class:`~tutorial_utils.policies.ensemble.TemporalEnsembler`, reset with the episode as the
+    history is), and announces ``replan_steps`` 1 so the client asks at every step.
     """
 
     def __init__(
@@ -244,17 +256,33 @@ class ServedModel(Policy):
         gripper: str | None = None,
         seed: int | None = 0,
         image_size: int | None = None,
+        temporal_ensemble: float | None = None,
     ):
+        from tutorial_utils.policies.ensemble import TemporalEnsembler
+
         self.model, self.checkpoint, self.seed = model, str(checkpoint or ""), seed
         self.name = model.name
         self._replan, self._gripper, self._image_size = replan_steps, gripper, image_size
         self.n_obs_steps = int(getattr(model, "n_obs_steps", 1) or 1)
         self._history: deque = deque(maxlen=self.n_obs_steps)
         self._episode: tuple | None = None
+        self.temporal_ensemble = temporal_ensemble
+        self._ensembler = (
+            None if temporal_ensemble is None else TemporalEnsembler(temporal_ensemble, model.action_horizon)
+        )
 
     def reset(self) -> None:
         self._history.clear()
         self._episode = None
+        if self._ensembler is not None:
+            self._ensembler.reset()
+
+    def _follow_episode(self, obs: dict[str, Any], task: str) -> None:
+        """Start the per-episode state again when the request's episode id or prompt changes."""
+        episode = (obs.get(EPISODE_KEY), task)
+        if episode != self._episode:
+            self.reset()
+            self._episode = episode
 
     def _batch(self, obs: dict[str, Any]) -> dict[str, Any]:
         """The batch of one for this request: the observation, or the episode's last
@@ -262,12 +290,10 @@ class ServedModel(Policy):
         import numpy as np
 
         batch = observation_to_batch(obs)
+        if self.n_obs_steps > 1 or self._ensembler is not None:
+            self._follow_episode(obs, batch[BATCH_TASK][0])
         if self.n_obs_steps == 1:
             return batch
-        episode = (obs.get(EPISODE_KEY), batch[BATCH_TASK][0])
-        if episode != self._episode:
-            self.reset()
-            self._episode = episode
         self._history.append(batch)
         frames = list(self._history)
         missing = self.n_obs_steps - len(frames)
@@ -292,10 +318,11 @@ class ServedModel(Policy):
             **super().metadata,
             "image_size": self._image_size or self.model.image_size,
             "action_horizon": h,
-            "replan_steps": int(self._replan or h),
+            "replan_steps": 1 if self._ensembler is not None else int(self._replan or h),
             "gripper": self._gripper or self.model.gripper,
             "checkpoint": shown,
             "n_obs_steps": self.n_obs_steps,
+            **({"temporal_ensemble": self.temporal_ensemble} if self._ensembler is not None else {}),
         }
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
@@ -306,7 +333,10 @@ class ServedModel(Policy):
         if obs.get(OBSERVE_ONLY_KEY):
             return {"actions": np.zeros((0, 7), np.float32)}
         gen = torch.Generator().manual_seed(self.seed) if self.seed is not None else None
-        return {"actions": self.model.predict(batch, generator=gen)[0]}
+        chunk = self.model.predict(batch, generator=gen)[0]
+        if self._ensembler is not None:
+            return {"actions": self._ensembler.update(chunk)[None]}
+        return {"actions": chunk}
 
     def normalize_actions(self, actions):
         """Robot units -> the normalised space of ``dataset_statistics.json`` (what a DiT4DiT

@@ -48,7 +48,8 @@ def main(argv: list[str]) -> int:
     threads = set_threads(args.threads)
     logger.info(f"torch uses {threads} CPU thread(s) (--threads; this machine has {os.cpu_count()} cores)")
     try:
-        policy = policies.make_policy(args.policy, checkpoint=args.checkpoint)
+        ensemble = {} if args.temporal_ensemble_coeff is None else {"temporal_ensemble": args.temporal_ensemble_coeff}
+        policy = policies.make_policy(args.policy, checkpoint=args.checkpoint, **ensemble)
     except TutorialError as exc:  # unknown policy, missing or corrupt checkpoint, bad statistics
         logger.error(_logs.SERVER_POLICY_UNAVAILABLE.format(policy=args.policy, reason=exc))
         return 3

@@ -6,6 +6,7 @@ and a process that starts a server builds its command line from an instance
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 
@@ -60,7 +61,20 @@ class ServeConfig:
         "server",
     )
 
+    temporal_ensemble_coeff: float | None = param(
+        None,
+        "ACT's temporal ensembling (LeRobot's temporal_ensemble_coeff; the ACT paper: 0.01): predict a chunk at "
+        "every step and execute the weighted average of every chunk's prediction for this step (the oldest "
+        "prediction weighs 1, each newer one exp(-coeff) times the one before; policies/ensemble.py). Trained "
+        "families only; None: execute the chunk",
+        "server",
+    )
+
     def check(self) -> None:
+        if self.temporal_ensemble_coeff is not None and not math.isfinite(self.temporal_ensemble_coeff):
+            raise ConfigError(
+                f"temporal_ensemble_coeff={self.temporal_ensemble_coeff!r}: expected a finite number (0.01)"
+            )
         if self.threads is not None and self.threads < 0:
             raise ConfigError(f"threads={self.threads}: expected None (half the cores) or a positive number")
         if self.min_chunk < 0:
