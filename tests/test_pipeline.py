@@ -190,6 +190,7 @@ def test_recorded_dataset_follows_the_card_then_the_chain(tmp_path, monkeypatch)
 
     monkeypatch.setattr(paths, "LOGS", tmp_path / "logs")
     monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(paths, "PROMOTED", tmp_path / "promoted")  # not this checkout's own build
     (tmp_path / "logs").mkdir()
     (tmp_path / "runs").mkdir()
     assert pipeline.recorded_dataset() == (None, None)

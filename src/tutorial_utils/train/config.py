@@ -148,6 +148,7 @@ class TrainConfig:
         "keep an exponential moving average of the weights with this decay (0.999-0.9999; warmed up as "
         "min(decay, (1+step)/(10+step))); validation, best, checkpoints' served weights and final_model use it, "
         "the raw weights stay in training_state.pt for resume. 0: off",
+        cpu=0.999,
     )
     eval_freq: int = _p(
         0,
