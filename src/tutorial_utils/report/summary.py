@@ -60,6 +60,21 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "--prefix act_recipe_eval_`",
     ),
     (
+        "logs/act_chunks_cpu.json",
+        "the zoo job on ACT alone (the positive control's task and starts), then `python -m tutorial_utils zoo "
+        "promote RUN --prefix act_chunks_cpu`",
+    ),
+    (
+        "*/act_ensemble_eval_*",
+        "the evaluate job on that ACT checkpoint with `-p temporal_ensemble_coeff 0.01`, then `python -m "
+        "tutorial_utils promote eval RUN --prefix act_ensemble_eval_`",
+    ),
+    (
+        "*/act_replan1_eval_*",
+        "the evaluate job on that ACT checkpoint with `-p replan_steps 1`, then `python -m tutorial_utils promote "
+        "eval RUN --prefix act_replan1_eval_`",
+    ),
+    (
         "logs/openloop_*.json",
         "`python -m tutorial_utils openloop --out ...` (demonstrations replayed through the control's checkpoints)",
     ),
