@@ -139,6 +139,8 @@ def _check_page(page, server, driver, shot_prefix=""):
         ".map(v => Math.round(v.getBoundingClientRect().width));"
     )
     assert not small, f"{page}: videos too small to watch (px wide): {small}"
+    cut = driver.execute_script(_CUT_OUTPUTS)
+    assert not cut, f"{page}: printed outputs whose lines run past the text column (assets/book.css wraps them): {cut}"
 
     if WIDGET_VIEW in driver.page_source:  # a page whose widget state no output shows has nothing to wait for
         driver.implicitly_wait(0)
@@ -161,6 +163,28 @@ def _check_page(page, server, driver, shot_prefix=""):
     driver.set_window_size(1280, max(height, 800))
     driver.save_screenshot(str(SHOTS / (shot_prefix + page.replace("/", "__").removesuffix(".html") + ".png")))
     driver.set_window_size(1280, 1600)
+
+
+#: the printed outputs (cell output <pre>) that need a sideways scroll to be read to the end
+_CUT_OUTPUTS = """
+return [...document.querySelectorAll('.cell_output pre')]
+  .filter(p => p.scrollWidth > p.clientWidth + 2)
+  .map(p => p.textContent.slice(0, 60));
+"""
+
+
+def test_the_cut_output_check_finds_a_long_line(bare_driver, tmp_path):
+    page = tmp_path / "long.html"
+    page.write_text(
+        '<div class="cell_output" style="width:300px"><pre style="white-space:pre;overflow-x:auto">'
+        + "a printed line far longer than its column " * 5
+        + "</pre></div>"
+    )
+    bare_driver.get(page.as_uri())
+    assert bare_driver.execute_script(_CUT_OUTPUTS) == [("a printed line far longer than its column " * 2)[:60]]
+    page.write_text(page.read_text().replace("white-space:pre;", "white-space:pre-wrap;"))
+    bare_driver.get(page.as_uri())
+    assert bare_driver.execute_script(_CUT_OUTPUTS) == []
 
 
 #: every resource a page fetched (scripts, styles, fonts, images, widget modules) and its origin
