@@ -130,6 +130,21 @@ def test_bench_monitor_quick_compares_off_on_and_drawn_here():
 
 
 @pytest.mark.slow
+def test_bench_serving_quick_measures_the_policy_server_against_an_echo_server():
+    out = _last_json("bench_serving.py", "--requests", "30")
+    assert out["bench"] == "serving" and out["requests_per_side"] >= 30 and out["payload_bytes"] > 100_000
+    assert out["echo_p50_ms"] > 0 and out["policy_p50_ms"] > 0
+    assert out["p50_ratio_vs_echo"] == pytest.approx(out["policy_p50_ms"] / out["echo_p50_ms"], rel=0.01)
+    assert out["meets_target"] == (out["p50_ratio_vs_echo"] <= out["target_p50_ratio"])
+
+
+def test_every_benchmark_has_a_quick_smoke_test_here():
+    """A new ``benchmarks/bench_*.py`` is run here with ``--quick`` (or named in a test of its own)."""
+    here = Path(__file__).read_text()
+    missing = [p.name for p in sorted((ROOT / "benchmarks").glob("bench_*.py")) if f'"{p.name}"' not in here]
+    assert not missing, f"benchmarks without a smoke test in {Path(__file__).name}: {missing}"
+
+
 def test_bench_serving_fairness_quick_measures_a_good_client_under_a_flood():
     out = _last_json("bench_serving_fairness.py", "--requests", "30", "--infer-ms", "2")
     for key in (
