@@ -57,7 +57,14 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session, exitstatus):
     if not session.config.getoption("record_durations") or hasattr(session.config, "workerinput"):
         return
+    from tutorial_utils.secrets import redact
+
     merged = {**measured_durations(), **_DURATIONS_SEEN}
+    if leaked := [k for k in merged if redact(k) != k]:
+        raise pytest.UsageError(
+            f"{DURATIONS.name} not written: test ids that look like a secret (a token as a parameter): "
+            f"{[k.split('[')[0] for k in leaked]}. Fix: give that parametrize ids=[...] names"
+        )
     kept = {k: v for k, v in sorted(merged.items(), key=lambda kv: -kv[1]) if v >= KEEP_S}
     DURATIONS.write_text(json.dumps(kept, indent=0) + "\n")
 

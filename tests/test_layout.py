@@ -285,6 +285,9 @@ def test_every_measured_duration_names_a_test_that_exists():
         if not file.exists() or f"def {func}(" not in file.read_text():
             stale.append(nodeid)
     assert not stale, f"{DURATIONS.name} names tests that no longer exist: {stale[:5]}; run `make test-durations`"
+    from tutorial_utils.secrets import redact
+
+    assert not [k for k in measured if redact(k) != k], f"{DURATIONS.name} holds a test id that looks like a secret"
     assert any(v >= SLOW_S for v in measured.values())
 
 

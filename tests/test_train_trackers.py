@@ -28,7 +28,7 @@ needs_wandb = pytest.mark.skipif(
     importlib.util.find_spec("wandb") is None,
     reason="the wandb package is not installed (requirements.txt pins it; `make setup` installs it)",
 )
-FAKE_TOKENS = {"HF_TOKEN": "hf_FAKEtrackerTOKEN0123456789", "WANDB_API_KEY": "0123456789abcdef" * 2 + "fakekey0"}
+FAKE_TOKENS = {"HF_TOKEN": "hf_" + "FAKEtrackerTOKEN0123456789", "WANDB_API_KEY": "0123456789abcdef" * 2 + "fakekey0"}
 
 
 @pytest.fixture(scope="module")

@@ -98,7 +98,7 @@ def _no_token_anywhere(proc, tmp_path: Path, token: str) -> None:
 
 
 @pytest.mark.parametrize("endpoint", ["echo500"], indirect=True)
-@pytest.mark.parametrize("token", [TOKEN, SHORT])
+@pytest.mark.parametrize("token", [TOKEN, SHORT], ids=["long-token", "short-token"])  # never a token in a test id
 @pytest.mark.parametrize("action", ["plan", "download"])
 def test_a_5xx_echoing_the_authorization_header_never_prints_the_token(endpoint, token, action, tmp_path):
     proc = _cli([action, "checkpoint", "--endpoint", endpoint, "--dest", str(tmp_path / "dest")], token, tmp_path)
