@@ -59,6 +59,14 @@ class Episode:
         return self._frames[key]
 
 
+def _refuse_rows(path, key: str, bad_rows, describe, fix: str) -> None:
+    """A :class:`DatasetError` for column ``key`` when any of ``bad_rows`` (a boolean mask) is set:
+    "<count> row(s) " + ``describe(first bad row)``."""
+    bad = np.flatnonzero(bad_rows)
+    if len(bad):
+        raise DatasetError(path, key, f"{len(bad)} row(s) {describe(int(bad[0]))}", fix)
+
+
 class LeRobotDataset:
     """A LeRobot v2.1 dataset on disk, validated on open.
 
@@ -359,41 +367,26 @@ class LeRobotDataset:
             got = np.asarray(low[key]).reshape(-1)
             if got.dtype.kind not in "iuf" or len(got) != n:
                 raise DatasetError(path, key, f"is {got.dtype} with {len(got)} values, expected {n} whole numbers", fix)
-            bad = np.flatnonzero(got != expected)
-            if len(bad):
-                r = int(bad[0])
-                raise DatasetError(
-                    path,
-                    key,
-                    f"{len(bad)} row(s) disagree with the metadata; row {r} has {got[r]!r}, expected {expected[r]}",
-                    fix,
-                )
+            _refuse_rows(
+                path, key, got != expected,
+                lambda r, got=got, want=expected: f"disagree with the metadata; row {r} has {got[r]!r}, expected {want[r]}",
+                fix,
+            )  # fmt: skip
         if "timestamp" in low:
             ts = np.asarray(low["timestamp"], dtype=np.float64).reshape(-1)
             expected_ts = np.arange(n, dtype=np.float64) / self.fps
-            bad = np.flatnonzero(~(np.abs(ts - expected_ts) <= 1e-3))
-            if len(bad):
-                r = int(bad[0])
-                raise DatasetError(
-                    path,
-                    "timestamp",
-                    f"{len(bad)} row(s) are not frame_index / fps (fps {self.fps}); row {r} has {ts[r]!r}, "
-                    f"expected {expected_ts[r]:.4f}",
-                    fix,
-                )
+            _refuse_rows(
+                path, "timestamp", ~(np.abs(ts - expected_ts) <= 1e-3), lambda r: f"are not frame_index / fps "
+                f"(fps {self.fps}); row {r} has {ts[r]!r}, expected {expected_ts[r]:.4f}", fix
+            )  # fmt: skip
         if "task_index" in low:
             ti = np.asarray(low["task_index"]).reshape(-1)
             known = np.array(sorted(self.tasks), dtype=np.int64)
-            bad = np.flatnonzero(~np.isin(ti, known))
-            if len(bad):
-                r = int(bad[0])
-                raise DatasetError(
-                    path,
-                    "task_index",
-                    f"{len(bad)} row(s) name no task of {schema.TASKS_PATH} (row {r}: {ti[r]!r}; known: "
-                    f"{', '.join(map(str, known[:10])) or 'none'})",
-                    f"add the task to {schema.TASKS_PATH}, or {fix}",
-                )
+            _refuse_rows(
+                path, "task_index", ~np.isin(ti, known), lambda r: f"name no task of {schema.TASKS_PATH} "
+                f"(row {r}: {ti[r]!r}; known: {', '.join(map(str, known[:10])) or 'none'})",
+                f"add the task to {schema.TASKS_PATH}, or {fix}",
+            )  # fmt: skip
 
     def _check_episodes_stats(self) -> None:
         """``meta/episodes_stats.jsonl`` (optional; LeRobot 0.3.x reads it): one object per line
