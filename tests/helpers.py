@@ -373,7 +373,7 @@ def record_config(**kw):
     return rec.RecordConfig(**base)
 
 
-# --- LeRobot families at a tiny size (a few seconds per family on one core) -----------------------
+# --- LeRobot families at a tiny size ---------------------------------------------------------------
 LEROBOT_SIZE = 32
 #: tiny sizes: a few seconds per family on one core (the ResNet-18 backbone is most of it)
 LEROBOT_TINY = {

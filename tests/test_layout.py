@@ -303,7 +303,7 @@ READS_THE_LAYOUT = ("test_contributing",)
 
 def _test_prefix_problem(filename: str) -> str | None:
     """Why ``filename`` does not follow ``test_<stage>_<module>.py`` (None when it does)."""
-    known = (*STAGES, *PLUMBING, *ORCHESTRATION, "cli", *PROJECT)
+    known = (*STAGES, *PLUMBING, *ORCHESTRATION, *PROJECT)
     stem = filename.removesuffix(".py").removeprefix("test_")
     if any(stem == k or stem.startswith(f"{k}_") for k in known):
         return None

@@ -266,7 +266,6 @@ class ServedModel(Policy):
         self.n_obs_steps = int(getattr(model, "n_obs_steps", 1) or 1)
         self._history: deque = deque(maxlen=self.n_obs_steps)
         self._episode: tuple | None = None
-        self.temporal_ensemble = temporal_ensemble
         self._ensembler = (
             None if temporal_ensemble is None else TemporalEnsembler(temporal_ensemble, model.action_horizon)
         )
@@ -322,7 +321,7 @@ class ServedModel(Policy):
             "gripper": self._gripper or self.model.gripper,
             "checkpoint": shown,
             "n_obs_steps": self.n_obs_steps,
-            **({"temporal_ensemble": self.temporal_ensemble} if self._ensembler is not None else {}),
+            **({"temporal_ensemble": self._ensembler.coeff} if self._ensembler is not None else {}),
         }
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
