@@ -131,6 +131,12 @@ def artifacts_md() -> tuple[str, list[Path]]:
     return head + "\n" + "\n".join(rows) + "\n", read
 
 
+def _held_out(demos: dict) -> str:
+    """``; 0 of the 100 evaluated starts were demonstrated`` from a zoo's recording coverage."""
+    seen, pairs = demos.get("eval_pairs_seen"), demos.get("eval_pairs")
+    return "" if seen is None or not pairs else f"; {seen} of the {pairs} evaluated starts of each were demonstrated"
+
+
 def _minutes(seconds: float | None) -> str:
     return f"{seconds / 60:.0f} min" if seconds else "-"
 
@@ -194,8 +200,35 @@ def results_summary_md() -> tuple[str, list[Path]]:
             ev and ev.get("wall_s"),
         )
     )
+    zoo = load("logs/zoo_cpu.json")
+    if zoo:
+        ranked = sorted(zoo["rows"], key=lambda r: (-(r.get("success_rate") or 0), r["family"]))
+        cfg = zoo.get("config") or {}
+        # the second training seed: one promoted zoo per family (each keeps its own step count)
+        seconds = sorted(
+            {q.name for base in (paths.LOGS, paths.PROMOTED / "logs") for q in base.glob("zoo_cpu_seed1_*.json")}
+        )
+        again = [z for z in (load(f"logs/{name}") for name in seconds) if z]
+        rows.append(
+            (
+                f"compare {len(ranked)} families at one budget (chapter 9)",
+                f"training seed {cfg.get('seed')}: "
+                + "; ".join(f"{r['family']} {P.success(r['successes'], r['episodes'])}" for r in ranked)
+                + _held_out(cfg.get("demonstrations") or {})
+                + (
+                    f". Training seed {again[0]['config'].get('seed')}: "
+                    + "; ".join(
+                        f"{r['family']} {P.success(r['successes'], r['episodes'])}" for z in again for r in z["rows"]
+                    )
+                    if again
+                    else ""
+                ),
+                f"{cfg.get('train_minutes') or 0:g} min of training each",
+                P.origin("logs/zoo_cpu.json"),
+            )
+        )
     best = None
-    for name in ("logs/zoo_cpu_demos.json", "logs/zoo_cpu_long.json", "logs/zoo_cpu.json"):
+    for name in ("logs/zoo_cpu_demos.json", "logs/zoo_cpu_long.json"):
         z = load(name)
         if not z:
             continue
