@@ -113,6 +113,22 @@ def test_the_zoo_adds_only_its_warm_up_to_a_family_recipe():
     assert catalog.learning_rate("act") == 1e-4 and catalog.learning_rate("tdmpc") == 3e-4
 
 
+def test_a_first_phase_the_timing_leaves_out_comes_on_top_of_the_budget():
+    """VQ-BeT's timing sets its first phase to one step (it fits only the action codes, no images), so
+    the zoo adds that phase's steps to the ones the budget buys; the first comparison did not, and
+    the GPT got half of VQ-BeT's minutes."""
+    from tutorial_utils import policies
+
+    vqbet = policies.family("vqbet")
+    assert catalog.untimed_steps("vqbet") == vqbet.config_class().n_vqvae_training_steps > 0
+    assert catalog.untimed_steps("mini") == catalog.untimed_steps("act") == 0
+    for name in policies.trainable():
+        cls = policies.family(name)
+        field = cls.untimed_steps_field
+        if field:  # a phase left untimed must be one the timing really shortens
+            assert field in cls.timing_overrides and cls.timing_overrides[field] < catalog.untimed_steps(name), name
+
+
 def test_sweep_values_are_typed_and_checked():
     assert sweep.parse_values("mini", "optimizer_lr", "1e-4, 3e-4") == [1e-4, 3e-4]
     assert sweep.parse_values("mlp", "hidden_dim", "32,64") == [32, 64]  # a family's own parameter

@@ -48,6 +48,16 @@ def timing_overrides(name: str) -> dict[str, Any]:
     return dict(policies.family(name).timing_overrides)
 
 
+def untimed_steps(name: str) -> int:
+    """Training steps of ``name`` that the zoo's timing leaves out (its cheap first phase at the
+    family's default config; 0 for a family whose every step is timed)."""
+    from tutorial_utils import policies
+
+    cls = policies.family(name)
+    field = cls.untimed_steps_field
+    return int(getattr(cls.config_class(), field)) if field else 0
+
+
 def __getattr__(name: str) -> Any:
     if name == "FAMILIES":  # read from the families' classes when asked (it imports them)
         return comparison_families()

@@ -38,7 +38,7 @@ from typing import Any
 from tutorial_utils import jobs, paths
 from tutorial_utils.errors import ConfigError, TutorialError, error_text
 from tutorial_utils.experiments.budget import calibrate, load_average, settle
-from tutorial_utils.experiments.catalog import learning_rate, parse_families
+from tutorial_utils.experiments.catalog import learning_rate, parse_families, untimed_steps
 from tutorial_utils.experiments.coverage import demonstrations
 from tutorial_utils.experiments.smolvla_smoke import smolvla_main
 from tutorial_utils.io import atomic_write_json
@@ -347,11 +347,15 @@ def run(run_dir: str | os.PathLike, echo: bool = False, **parameters: Any) -> di
             else:
                 _, load, settle_s = settle()  # the previous family's evaluation may still be ending
                 timing = {**calibrate(fam, dataset, batch_size, num_workers), "settle_s": settle_s}
-                fam_steps = budget_steps(timing["s_per_step"], train_minutes)
+                # a cheap first phase (VQ-BeT's action codes) is timed away and comes on top of the budget
+                timing["untimed_steps"] = untimed_steps(fam)
+                fam_steps = budget_steps(timing["s_per_step"], train_minutes) + timing["untimed_steps"]
         print(
             f"[zoo] {fam}: {fam_steps} steps"
             + (
-                f" ({train_minutes} min at {timing['s_per_step']} s/step, load {load})"
+                f" ({train_minutes} min at {timing['s_per_step']} s/step, load {load}"
+                + (f", plus {timing['untimed_steps']} untimed first-phase steps" if timing.get("untimed_steps") else "")
+                + ")"
                 if timing and "s_per_step" in timing
                 else f" (the budget of {timing['reused_budget_of']})"
                 if timing

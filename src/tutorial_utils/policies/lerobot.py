@@ -910,6 +910,9 @@ class VQBeTPolicy(LeRobotPolicy):
     #: the zoo's timing: its first steps fit the VQ-VAE on actions alone (no images, milliseconds);
     #: its GPT phase is what most of its steps cost
     timing_overrides = {"n_vqvae_training_steps": 1}
+    #: so the zoo adds that phase's steps to the ones its budget buys (the first comparison gave them
+    #: out of the budget, which left the GPT half of its minutes)
+    untimed_steps_field = "n_vqvae_training_steps"
 
     def __init__(self, cfg: Any = None, statistics: Mapping[str, Any] | None = None):
         super().__init__(cfg, statistics)

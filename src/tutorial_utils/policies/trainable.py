@@ -51,6 +51,10 @@ class TrainablePolicy:
     comparison: ClassVar[bool] = False
     #: config overrides that only the zoo's step timing uses (``{field: value}``)
     timing_overrides: ClassVar[Mapping[str, Any]] = {}
+    #: the config field counting training steps that the zoo's timing leaves out (a first phase that
+    #: ``timing_overrides`` times away because it costs almost nothing); the zoo adds them on top of
+    #: the steps a budget buys. None: every step is timed
+    untimed_steps_field: ClassVar[str | None] = None
     #: the family's own values of :class:`TrainConfig` fields whose default is None ("the family's
     #: own"): its training recipe (``optimizer_lr``, betas, clipping, warm-up, ``augment_shift``: the
     #: fields of ``train.config.RECIPE``, the book's recipe where a family names none) and
