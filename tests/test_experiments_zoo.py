@@ -38,12 +38,20 @@ def test_budget_turns_minutes_into_steps():
         speed.budget_steps(0.1, 0)
 
 
+def test_the_slow_start_is_paid_once_out_of_the_budget():
+    assert budget.budget_minutes({"start_s": 30.0}, 10.0) == 9.5
+    assert budget.budget_minutes({"start_s": 0.0}, 10.0) == budget.budget_minutes({}, 10.0) == 10.0
+    assert budget.budget_minutes({"start_s": 3600.0}, 10.0) == 1.0  # never less than a tenth of the budget
+
+
 @pytest.mark.slow
-def test_calibrate_times_the_real_trainer(tmp_path):
-    t = budget.calibrate("mini", "synthetic", batch_size=2, num_workers=0, steps=10, log_freq=2)
-    assert t["s_per_step"] > 0 and t["steps"] == 10 and t["wall_s"] > 0
-    with pytest.raises(RuntimeError, match="more steps than log_freq"):
-        budget.calibrate("mini", "synthetic", batch_size=2, num_workers=0, steps=2, log_freq=5)
+def test_calibrate_times_the_real_trainer_past_its_start(tmp_path):
+    t = budget.calibrate("mini", "synthetic", batch_size=2, num_workers=0, seconds=4.0, log_freq=2)
+    assert t["s_per_step"] > 0 and t["steps"] >= 8 and t["start_s"] >= 0.0
+    # the trainer's own time limit ended it: the steps at the steady rate plus the start fill the seconds
+    assert t["wall_s"] >= 4.0 and t["steps"] * t["s_per_step"] + t["start_s"] >= 3.9
+    with pytest.raises(RuntimeError, match="give it more seconds or a smaller log_freq"):
+        budget.calibrate("mini", "synthetic", batch_size=2, num_workers=0, seconds=0.5, log_freq=10_000)
 
 
 @pytest.mark.slow
@@ -182,7 +190,7 @@ def test_full_size_profiles_evaluate_whole_episodes(job):
 def test_a_rerun_reuses_the_earlier_budget(runs_dir):
     """Calibration never repeats exactly; a rerun of an interrupted zoo finds the steps of the
     finished training with the same budget and data (same profile) and reuses them."""
-    params = {"policy": "act", "dataset": "d", "batch_size": 16, "num_workers": 1, "seed": 42, "time_limit_min": 15.0}
+    params = {"policy": "act", "dataset": "d", "batch_size": 16, "num_workers": 1, "seed": 42, "time_limit_min": 12.5}
     for name, extra, state in (("a", {"steps": 777}, "succeeded"), ("b", {"steps": 999}, "failed")):
         (runs_dir / name).mkdir(parents=True)
         status = {"job": "train", "state": state, "profile": "ci", "parameters": {**params, **extra}}
@@ -190,6 +198,16 @@ def test_a_rerun_reuses_the_earlier_budget(runs_dir):
     assert zoo._budgeted_before("act", "d", 16, 1, 42, 10.0) == (777, {"reused_budget_of": "a"})
     assert zoo._budgeted_before("act", "d", 16, 1, 42, 20.0) is None  # another budget
     assert zoo._budgeted_before("diffusion", "d", 16, 1, 42, 10.0) is None
+    # a training budgeted by the 30-step timing (safety limit 1.5 x the budget) is not taken for one timed now
+    (runs_dir / "c").mkdir()
+    old = {
+        "job": "train",
+        "state": "succeeded",
+        "profile": "ci",
+        "parameters": {**params, "time_limit_min": 6.0, "steps": 5},
+    }
+    (runs_dir / "c" / "status.json").write_text(json.dumps(old))
+    assert zoo._budgeted_before("act", "d", 16, 1, 42, 4.0) is None
 
 
 def test_demonstrations_say_which_evaluated_init_states_were_demonstrated(tmp_path):

@@ -232,3 +232,36 @@ def test_sac_updates_from_demonstration_transitions(source, tmp_path):
     assert again.policy.critic_target.encoder is again.policy.encoder_critic
     served = policies.make_policy("sac", checkpoint=str(tmp_path / "ck"))
     assert served.infer(observation())["actions"].shape == (1, 7) and served.metadata["replan_steps"] == 1
+
+
+# --- the latent probe (evaluate.latent) -------------------------------------------------------------
+
+
+def test_the_latent_summary_tells_a_collapsed_latent_from_a_spread_one():
+    from tutorial_utils.evaluate.latent import LatentProbeError, latent_summary
+
+    rng = np.random.default_rng(0)
+    spread = rng.normal(size=(200, 16))
+    s = latent_summary(spread, spread + 0.1 * rng.normal(size=spread.shape), spread)
+    assert 0.95 < s["spread"] <= 1.0 and s["effective_dims"] > 12  # centred noise: all of it varies
+    assert 0.0 < s["moves_with_camera"] < 0.2 and s["moves_with_state"] == 0.0
+    collapsed = np.ones((200, 16)) + 1e-4 * rng.normal(size=(200, 16))  # the same latent for every frame
+    c = latent_summary(collapsed)
+    assert c["spread"] < 1e-3 and "moves_with_camera" not in c
+    line = np.outer(rng.normal(size=200), np.ones(16))  # frames spread along one direction only
+    assert latent_summary(line)["effective_dims"] < 1.01
+    with pytest.raises(LatentProbeError, match="need"):
+        latent_summary(np.zeros((1, 4)))
+
+
+def test_the_probe_opens_tdmpc_on_its_own_windows(tdmpc, source):
+    from tutorial_utils.evaluate.latent import probe_model, rewards_summary
+
+    windows = tdmpc.training_source(source)
+    idx = [0, 3, 5, 8, 13, 16, 21]  # 5, 13 and 21: windows that reach their episode's reward
+    p = probe_model(tdmpc, windows, idx, batch_size=4)
+    assert p["z"].shape == p["z_image_swapped"].shape == (len(idx), TDMPC["latent_dim"])
+    assert p["reward_pred"].shape == p["reward"].shape == (len(idx), H) and p["value"].shape == (len(idx),)
+    assert not np.allclose(p["z_image_swapped"], p["z"]) and not np.allclose(p["z_state_swapped"], p["z"])
+    r = rewards_summary(p, H)
+    assert r["rewarded_steps"] == 3 and r["reward_pred_at_reward"] is not None and r["value_std"] >= 0.0

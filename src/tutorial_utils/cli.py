@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "tutorial_utils.evaluate.openloop",
         "replay demonstrations through a checkpoint: action error, and whether it reads its cameras or its state",
     ),
+    "latent": (
+        "tutorial_utils.evaluate.latent",
+        "open a TD-MPC checkpoint's world model on demonstrations: does its latent tell frames apart",
+    ),
     "train": ("tutorial_utils.train.cli", "train a policy family (mini, mlp, ...)"),
     "lerobot-train": (
         "tutorial_utils.train.lerobot_loop",

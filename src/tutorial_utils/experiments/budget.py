@@ -1,9 +1,10 @@
-"""A family's CPU budget turned into training steps: time its first steps through the real trainer
-(:func:`calibrate`) on a quiet machine (:func:`settle`), or time a family at its default size on
+"""A family's CPU budget turned into training steps: time a minute of it through the real trainer
+(:func:`calibrate`) on a quiet machine (:func:`settle`) and pay its slow start (:func:`budget_minutes`), or time a family at its default size on
 synthetic frames (:func:`time_family`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -88,13 +89,29 @@ def server_round_trips(model, batch, n: int = 5) -> list[float]:
     return out
 
 
+#: how long :func:`calibrate` trains a family before it reads the rate: a first stretch of 30 steps
+#: timed the start, not the training (the zoo of 2026-12-05 gave mini 4310 steps for 10 minutes at the
+#: 30-step rate of 115 samples/s; its steps then ran at about 200 and ended after 6.4 minutes, while
+#: the slower families, whose start is a smaller share of a step, used 86 to 94% of theirs)
+CALIBRATE_S = 60.0
+
+
 def calibrate(
-    name: str, dataset: str, batch_size: int, num_workers: int, steps: int = 30, log_freq: int = 5
+    name: str,
+    dataset: str,
+    batch_size: int,
+    num_workers: int,
+    seconds: float = CALIBRATE_S,
+    log_freq: int = 5,
+    max_steps: int = 100_000,
 ) -> dict[str, Any]:
     """Seconds per training step of family ``name`` on ``dataset`` as the train job will run it
-    (the real trainer, data loader and workers, on this machine now), from ``steps`` steps in a
-    temporary folder: the median of the logged windows after the first (the first holds the
-    warm-up). Also returns the load average before it started."""
+    (the real trainer, data loader and workers, on this machine now), from ``seconds`` of training
+    (the trainer's own time limit) in a temporary folder. The start of a training is slow (threads,
+    allocator, the first decoding of each episode's video): the rate is the median of the logged
+    windows of the second half of the steps, and ``start_s`` is what the whole run took beyond
+    its steps at that rate, which a budget pays once (:func:`budget_minutes`). Also returns the
+    load average before it started."""
     import statistics
     import tempfile
 
@@ -112,7 +129,8 @@ def calibrate(
                 "policy": name,
                 "dataset": str(root),
                 "output_dir": str(Path(tmp) / "run"),
-                "steps": steps,
+                "steps": max_steps,
+                "time_limit_min": seconds / 60.0,
                 "batch_size": batch_size,
                 "num_workers": num_workers,
                 "eval_freq": 0,
@@ -125,15 +143,33 @@ def calibrate(
         t0 = time.perf_counter()
         train(cfg)
         wall = time.perf_counter() - t0
-        rates = [r["samples_per_s"] for r in read_jsonl(Path(tmp) / "run" / METRICS_FILE) if "samples_per_s" in r]
-    if len(rates) < 2:
-        raise RuntimeError(f"calibrating {name}: {len(rates)} metrics windows; give it more steps than log_freq")
+        windows = [
+            (r["step"], r["samples_per_s"])
+            for r in read_jsonl(Path(tmp) / "run" / METRICS_FILE)
+            if "samples_per_s" in r
+        ]
+        summary = json.loads((Path(tmp) / "run" / "summary.json").read_text(encoding="utf-8"))
+    if len(windows) < 4:
+        raise RuntimeError(
+            f"calibrating {name}: {len(windows)} metrics windows in {seconds:g} s; "
+            "give it more seconds or a smaller log_freq (the rate is read from the second half of at least 4 windows)"
+        )
+    steps, train_s = int(summary["steps_done"]), float(summary["wall_s"])  # the loop's own clock, as a budget's
+    s_per_step = batch_size / statistics.median(rate for _, rate in windows[len(windows) // 2 :])
     return {
-        "s_per_step": round(batch_size / statistics.median(rates[1:]), 4),
+        "s_per_step": round(s_per_step, 4),
         "steps": steps,
         "wall_s": round(wall, 1),
+        "start_s": round(max(0.0, train_s - steps * s_per_step), 1),
+        "first_s_per_step": round(batch_size / windows[0][1], 4),
         "load": load,
     }
+
+
+def budget_minutes(timing: dict[str, Any], minutes: float) -> float:
+    """The minutes of a budget left for steps at the calibrated rate once a training's slow start
+    (``timing["start_s"]`` from :func:`calibrate`) is paid; at least a tenth of the budget."""
+    return max(0.1 * minutes, minutes - float(timing.get("start_s") or 0.0) / 60.0)
 
 
 def load_average() -> float | None:

@@ -358,6 +358,45 @@ class TDMPCPolicy(_ClosedLoop, LeRobotPolicy):
         return DemonstrationWindows(source, self.cfg.horizon, self.cfg.image_size, self.cfg.success_reward, successful)
 
     def loss(self, batch: Mapping[str, Any], generator=None) -> dict:
+        lb = self._training_batch(batch)
+        if self.training and torch.is_grad_enabled():
+            # LeRobot's training script calls policy.update() after each optimiser step; any trainer
+            # that calls loss() once per step gets the same EMA here (a no-op on the first step)
+            self.policy.update()
+        with self._seeded(generator):
+            loss, parts = self.policy.forward(lb)
+        out = {"total_loss": loss}
+        for k, v in (parts or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = torch.tensor(float(v), device=loss.device)
+        return out
+
+    @torch.no_grad()
+    def probe(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """What the world model makes of a batch of training windows, without shifts or noise: the
+        latent of each window's first frame ``z`` (B, latent_dim), the rewards its latent rollout
+        predicts under the demonstrated actions ``reward_pred`` beside the recorded ``reward`` (B,
+        horizon) and ``reward_is_pad``, and ``value`` V(z) (B,) (``evaluate.latent`` reads them)."""
+        from lerobot.utils.constants import OBS_IMAGE
+
+        lb = self._training_batch(batch)
+        m = self.policy.model
+        obs = {OBS_IMAGE: lb[OBS_IMAGE][:, 0], BATCH_STATE: lb[BATCH_STATE][:, 0]}
+        z = m.encode(obs)
+        preds, zt = [], z
+        for t in range(lb[BATCH_ACTION].shape[1]):
+            zt, r = m.latent_dynamics_and_reward(zt, lb[BATCH_ACTION][:, t])
+            preds.append(r)
+        return {
+            "z": z,
+            "reward_pred": torch.stack(preds, dim=1),
+            "reward": lb[REWARD],
+            "reward_is_pad": lb[REWARD_IS_PAD],
+            "value": m.V(z),
+        }
+
+    def _training_batch(self, batch: Mapping[str, Any]) -> dict:
+        """A batch of :class:`DemonstrationWindows` in LeRobot's keys, through its preprocessor."""
         h = self.cfg.horizon
         _needs_windows(self, batch, h + 1)
         from lerobot.utils.constants import OBS_IMAGE
@@ -382,18 +421,7 @@ class TDMPCPolicy(_ClosedLoop, LeRobotPolicy):
             BATCH_TASK: list(batch.get(BATCH_TASK) or [""] * len(images)),
         }
         pre, _post = self.processors()
-        lb = pre(lb)
-        if self.training and torch.is_grad_enabled():
-            # LeRobot's training script calls policy.update() after each optimiser step; any trainer
-            # that calls loss() once per step gets the same EMA here (a no-op on the first step)
-            self.policy.update()
-        with self._seeded(generator):
-            loss, parts = self.policy.forward(lb)
-        out = {"total_loss": loss}
-        for k, v in (parts or {}).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[k] = torch.tensor(float(v), device=loss.device)
-        return out
+        return pre(lb)
 
     def _predict_chunk(self, lb: dict) -> torch.Tensor:
         from lerobot.policies.utils import populate_queues

@@ -79,6 +79,10 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "`python -m tutorial_utils openloop --out ...` (demonstrations replayed through the control's checkpoints)",
     ),
     (
+        "logs/latent_*.json",
+        "`python -m tutorial_utils latent --out ...` (TD-MPC's world model opened on the control's demonstrations)",
+    ),
+    (
         "logs/positive_control_*.json",
         "the zoo job on one task from held-out starts, then `python -m tutorial_utils zoo promote RUN "
         "--prefix positive_control_cpu`",
