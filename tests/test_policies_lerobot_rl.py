@@ -265,3 +265,15 @@ def test_the_probe_opens_tdmpc_on_its_own_windows(tdmpc, source):
     assert not np.allclose(p["z_image_swapped"], p["z"]) and not np.allclose(p["z_state_swapped"], p["z"])
     r = rewards_summary(p, H)
     assert r["rewarded_steps"] == 3 and r["reward_pred_at_reward"] is not None and r["value_std"] >= 0.0
+
+
+def test_the_probe_names_the_training_its_checkpoint_came_from(tmp_path):
+    from tutorial_utils.evaluate.latent import training_of
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "best").mkdir(parents=True)
+    summary = {"steps_done": 1900, "batch_size": 16, "best": {"val_action_mae": 0.4, "step": 1250}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    got = training_of(run / "checkpoints" / "best")
+    assert got["steps"] == 1900 and got["best_val_action_mae"] == 0.4 and got["best_step"] == 1250
+    assert training_of(tmp_path / "loose_checkpoint") == {}  # not inside a run: nothing to name

@@ -158,11 +158,30 @@ def probe(
     return {
         "kind": "latent_probe",
         "family": family,
+        "training": training_of(checkpoint),
         "dataset": Path(str(dataset)).name,
         "episodes": eps,
         "frames": len(idx),
         "every": every,
         "results": rows,
+    }
+
+
+def training_of(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    """The training run a checkpoint came from (``RUN/checkpoints/NAME``): its steps, samples/s and
+    best validation action error, from ``RUN/summary.json``; empty for a checkpoint outside a run."""
+    run = Path(checkpoint).resolve().parent.parent
+    f = run / "summary.json"
+    if not f.is_file():
+        return {}
+    s = json.loads(f.read_text(encoding="utf-8"))
+    best = s.get("best") or {}
+    return {
+        "run": _shown(run),
+        "steps": s.get("steps_done"),
+        "batch_size": s.get("batch_size"),
+        "best_val_action_mae": best.get("val_action_mae"),
+        "best_step": best.get("step"),
     }
 
 

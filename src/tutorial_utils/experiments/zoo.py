@@ -116,6 +116,7 @@ def _family_row(
         "timed_s_per_step": (timing or {}).get("s_per_step"),
         "load_at_start": load,
         **({"settle_s": timing["settle_s"]} if timing and "settle_s" in timing else {}),
+        **({"start_s": timing["start_s"]} if timing and "start_s" in timing else {}),
         "train_run": paths.for_book(os.fspath(train_dir)),
         "eval_run": paths.for_book(os.fspath(eval_dir)),
     }
