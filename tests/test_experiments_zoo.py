@@ -190,12 +190,22 @@ def test_full_size_profiles_evaluate_whole_episodes(job):
 def test_a_rerun_reuses_the_earlier_budget(runs_dir):
     """Calibration never repeats exactly; a rerun of an interrupted zoo finds the steps of the
     finished training with the same budget and data (same profile) and reuses them."""
+    from tutorial_utils.train.config import family_recipe
+
     params = {"policy": "act", "dataset": "d", "batch_size": 16, "num_workers": 1, "seed": 42, "time_limit_min": 12.5}
+    recipe = {k: list(v) if isinstance(v, tuple) else v for k, v in family_recipe("act", "ci").items()}
     for name, extra, state in (("a", {"steps": 777}, "succeeded"), ("b", {"steps": 999}, "failed")):
         (runs_dir / name).mkdir(parents=True)
         status = {"job": "train", "state": state, "profile": "ci", "parameters": {**params, **extra}}
         (runs_dir / name / "status.json").write_text(json.dumps(status))
+        (runs_dir / name / "train_config.json").write_text(
+            json.dumps({"train": {**recipe, "scheduler_warmup_steps": 77}})
+        )
     assert zoo._budgeted_before("act", "d", 16, 1, 42, 10.0) == (777, {"reused_budget_of": "a"})
+    # a training made with another recipe (the family's changed since) is not this budget's
+    (runs_dir / "a" / "train_config.json").write_text(json.dumps({"train": {**recipe, "optimizer_betas": [0.9, 0.95]}}))
+    assert zoo._budgeted_before("act", "d", 16, 1, 42, 10.0) is None
+    (runs_dir / "a" / "train_config.json").write_text(json.dumps({"train": recipe}))
     assert zoo._budgeted_before("act", "d", 16, 1, 42, 20.0) is None  # another budget
     assert zoo._budgeted_before("diffusion", "d", 16, 1, 42, 10.0) is None
     # a training budgeted by the 30-step timing (safety limit 1.5 x the budget) is not taken for one timed now

@@ -415,3 +415,36 @@ def test_read_only_arrays_become_tensors_without_a_warning():
     assert flipped.tolist() == [5.0, 4.0, 3.0, 2.0, 1.0, 0.0]
     same = torch.zeros(2)
     assert _as_tensor(same) is same
+
+
+def test_vqbet_trains_with_lerobots_parameter_groups_and_recipe():
+    """LeRobot's groups: every trainable parameter in exactly one, the VQ-VAE at its own rate (kept by
+    a resume that changes optimizer_lr), biases and norms without weight decay; LeRobot's Adam preset."""
+    needs_lerobot()
+    import torch
+
+    from tutorial_utils.train.config import family_recipe
+    from tutorial_utils.train.resume import apply_changes
+    from tutorial_utils.train.schedule import scheduler
+
+    cfg = TrainConfig.from_overrides({**RUN, **TINY["vqbet"], "policy": "vqbet", "policy.optimizer_vqvae_lr": 2e-3})
+    model = policies.make(
+        "vqbet", cfg.policy_config, synthetic_source(n_episodes=2, length=10, image_size=SIZE).statistics
+    )
+    groups = model.parameter_groups(cfg)
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)) and set(ids) == {id(p) for p in model.parameters() if p.requires_grad}
+    (vq,) = [g for g in groups if g.get("own_lr")]
+    assert vq["lr"] == 2e-3 and vq["weight_decay"] == 1e-4
+    assert any(g.get("weight_decay") == 0.0 for g in groups)
+    recipe = family_recipe("vqbet", "cpu")
+    assert recipe["optimizer_betas"] == (0.95, 0.999) and recipe["optimizer_weight_decay"] == 1e-6
+    assert recipe["optimizer_grad_clip_norm"] == 10.0 and recipe["scheduler_decay_lr"] == 0.0
+
+    opt = model.optimizer(cfg)
+    sched = scheduler(opt, cfg)
+    changed = TrainConfig.from_overrides({**RUN, **TINY["vqbet"], "policy": "vqbet", "optimizer_lr": 5e-4})
+    apply_changes({"optimizer_lr"}, changed, opt, sched)
+    rates = {bool(g.get("own_lr")): g["initial_lr"] for g in opt.param_groups}
+    assert rates == {True: 2e-3, False: 5e-4}  # the VQ-VAE keeps its own rate
+    assert isinstance(opt, torch.optim.Optimizer)

@@ -138,6 +138,26 @@ def test_lr_schedule():
     assert all(a >= b for a, b in zip(f[10:], f[11:]))
 
 
+def test_a_first_phase_runs_at_the_full_rate_and_the_warm_up_starts_after_it():
+    """VQ-BeT as LeRobot schedules it: its action-code phase at the full rate, then the warm-up and the
+    decay over the steps that remain (the GPT's)."""
+    c = TrainConfig.from_overrides(
+        {
+            "policy": "vqbet",
+            "policy.n_vqvae_training_steps": 20,
+            "steps": 100,
+            "scheduler_warmup_steps": 10,
+            "optimizer_lr": 1e-4,
+            "scheduler_decay_lr": 0.0,
+        }
+    )
+    f = [lr_factor(s, c) for s in range(100)]
+    assert f[:20] == [1.0] * 20 and f[20] == pytest.approx(0.1) and f[29] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[30:], f[31:])) and f[99] < 0.001
+    one_phase = TrainConfig.from_overrides({"policy": "mini", "steps": 100, "scheduler_warmup_steps": 10})
+    assert lr_factor(0, one_phase) == pytest.approx(0.1)  # a family in one phase warms up from its first step
+
+
 def test_data_order_is_a_function_of_seed_and_step_and_ranks_split_the_global_batch():
     idx = np.arange(10, 33)
     one = StepBatchSampler(idx, 4, 12, seed=3)

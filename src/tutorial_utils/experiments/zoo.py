@@ -70,9 +70,27 @@ def _budgeted_before(
             continue
         st = jobs.read_status(paths.RUNS / row["run_id"])
         got = st.get("parameters") or {}
-        if all(got.get(k) == v for k, v in want.items()) and isinstance(got.get("steps"), int):
+        if (
+            all(got.get(k) == v for k, v in want.items())
+            and isinstance(got.get("steps"), int)
+            and _same_recipe(paths.RUNS / row["run_id"], fam)
+        ):
             return got["steps"], {"reused_budget_of": row["run_id"]}
     return None
+
+
+def _same_recipe(run_dir: Path, fam: str) -> bool:
+    """Whether a finished training ran with the family's recipe as it is now (a training from
+    before the recipe changed is not this budget's: VQ-BeT's became LeRobot's on 2026-12-05).
+    A schedule field the zoo sets itself (the warm-up) does not count."""
+    from tutorial_utils.train.config import _same, family_recipe
+
+    f = Path(run_dir) / "train_config.json"
+    if not f.is_file():
+        return False
+    ran = json.loads(f.read_text(encoding="utf-8")).get("train") or {}
+    recipe = family_recipe(fam)
+    return all(_same(ran.get(k), v) for k, v in recipe.items() if k != "scheduler_warmup_steps")
 
 
 def outcome(results: dict) -> dict[str, Any]:

@@ -105,6 +105,13 @@ class TrainablePolicy:
         give its parts their own learning rates or weight decay)."""
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]  # type: ignore[attr-defined]
 
+    @classmethod
+    def schedule_first_phase(cls, config: Any) -> int:
+        """Steps at the start of a training that the learning-rate schedule runs at the full rate,
+        its warm-up and decay coming after them (VQ-BeT's first phase, as LeRobot schedules it):
+        ``config`` is the family's config. 0 for a family trained in one phase."""
+        return 0
+
     def optimizer(self, cfg: Any):
         """The optimiser the trainer steps (``cfg`` is the ``TrainConfig``): AdamW with the
         config's learning rate, betas and weight decay over :meth:`parameter_groups` (the fused

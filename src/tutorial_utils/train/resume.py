@@ -127,10 +127,14 @@ def apply_changes(changed: set[str], cfg: TrainConfig, optimizer, scheduler) -> 
     old peak and length, so its base rates, and the optimiser's current ones, follow ``cfg``."""
     if not changed & {"optimizer_lr", "steps"}:
         return
-    scheduler.base_lrs = [cfg.optimizer_lr for _ in scheduler.base_lrs]
-    for group in optimizer.param_groups:
-        group["initial_lr"] = cfg.optimizer_lr
-        group["lr"] = cfg.optimizer_lr * lr_factor(scheduler.last_epoch, cfg)
+    # a group with a rate of its own (VQ-BeT's VQ-VAE, marked ``own_lr``) keeps it
+    scheduler.base_lrs = [
+        base if group.get("own_lr") else cfg.optimizer_lr
+        for base, group in zip(scheduler.base_lrs, optimizer.param_groups)
+    ]
+    for base, group in zip(scheduler.base_lrs, optimizer.param_groups):
+        group["initial_lr"] = base
+        group["lr"] = base * lr_factor(scheduler.last_epoch, cfg)
     scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
 
 
