@@ -60,6 +60,11 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "--prefix act_recipe_eval_`",
     ),
     (
+        "*/vqbet_wrist_eval_*",
+        "the evaluate job on VQ-BeT trained with its wrist camera, then `python -m tutorial_utils promote eval RUN "
+        "--prefix vqbet_wrist_eval_`",
+    ),
+    (
         "logs/act_chunks_cpu.json",
         "the zoo job on ACT alone (the positive control's task and starts), then `python -m tutorial_utils zoo "
         "promote RUN --prefix act_chunks_cpu`",
