@@ -3,6 +3,7 @@ train and evaluate jobs, its table, figures and promotion."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -132,9 +133,9 @@ def test_a_first_phase_the_timing_leaves_out_comes_on_top_of_the_budget():
     assert catalog.untimed_steps("mini") == catalog.untimed_steps("act") == 0
     for name in policies.trainable():
         cls = policies.family(name)
-        field = cls.untimed_steps_field
-        if field:  # a phase left untimed must be one the timing really shortens
-            assert field in cls.timing_overrides and cls.timing_overrides[field] < catalog.untimed_steps(name), name
+        if catalog.untimed_steps(name):  # a phase left untimed must be one the timing really shortens
+            timed = dataclasses.replace(cls.config_class(), **cls.timing_overrides)
+            assert cls.first_phase_steps(timed) < catalog.untimed_steps(name), name
 
 
 def test_sweep_values_are_typed_and_checked():

@@ -263,7 +263,7 @@ def test_the_probe_opens_tdmpc_on_its_own_windows(tdmpc, source):
     assert p["z"].shape == p["z_image_swapped"].shape == (len(idx), TDMPC["latent_dim"])
     assert p["reward_pred"].shape == p["reward"].shape == (len(idx), H) and p["value"].shape == (len(idx),)
     assert not np.allclose(p["z_image_swapped"], p["z"]) and not np.allclose(p["z_state_swapped"], p["z"])
-    r = rewards_summary(p, H)
+    r = rewards_summary(p)
     assert r["rewarded_steps"] == 3 and r["reward_pred_at_reward"] is not None and r["value_std"] >= 0.0
 
 

@@ -103,7 +103,7 @@ def probe_model(model, windows, indices, batch_size: int = 64) -> dict[str, Any]
     return {k: np.concatenate(v) for k, v in parts.items()}
 
 
-def rewards_summary(p: dict[str, Any], horizon: int) -> dict[str, Any]:
+def rewards_summary(p: dict[str, Any]) -> dict[str, Any]:
     """Predicted reward where the recording rewarded and elsewhere; V before a reward and elsewhere."""
     import numpy as np
 
@@ -152,7 +152,7 @@ def probe(
                 "label": label,
                 "checkpoint": where,
                 **latent_summary(p["z"], p["z_image_swapped"], p["z_state_swapped"]),
-                **rewards_summary(p, trained.cfg.horizon),
+                **rewards_summary(p),
             }
         )
     return {

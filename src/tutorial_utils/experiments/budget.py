@@ -161,7 +161,6 @@ def calibrate(
         "steps": steps,
         "wall_s": round(wall, 1),
         "start_s": round(max(0.0, train_s - steps * s_per_step), 1),
-        "first_s_per_step": round(batch_size / windows[0][1], 4),
         "load": load,
     }
 

@@ -54,8 +54,7 @@ def untimed_steps(name: str) -> int:
     from tutorial_utils import policies
 
     cls = policies.family(name)
-    field = cls.untimed_steps_field
-    return int(getattr(cls.config_class(), field)) if field else 0
+    return cls.first_phase_steps(cls.config_class())
 
 
 def __getattr__(name: str) -> Any:

@@ -914,7 +914,7 @@ class VQBeTPolicy(LeRobotPolicy):
     #: recipe VQ-BeT reached the other families' validation error on chapter 9's positive control and
     #: its actions did not move with its camera (logs/openloop_positive_control_calibrated_cpu.json).
     #: LeRobot's parameter groups (the VQ-VAE's own rate) are :meth:`parameter_groups`, its schedule
-    #: (full rate through the first phase, the warm-up after it) :meth:`schedule_first_phase`
+    #: (full rate through the first phase, the warm-up after it) :meth:`first_phase_steps`
     train_defaults = {
         "optimizer_lr": 1e-4,
         "optimizer_betas": (0.95, 0.999),
@@ -925,9 +925,6 @@ class VQBeTPolicy(LeRobotPolicy):
     #: the zoo's timing: its first steps fit the VQ-VAE on actions alone (no images, milliseconds);
     #: its GPT phase is what most of its steps cost
     timing_overrides = {"n_vqvae_training_steps": 1}
-    #: so the zoo adds that phase's steps to the ones its budget buys (the first comparison gave them
-    #: out of the budget, which left the GPT half of its minutes)
-    untimed_steps_field = "n_vqvae_training_steps"
 
     def __init__(self, cfg: Any = None, statistics: Mapping[str, Any] | None = None):
         super().__init__(cfg, statistics)
@@ -964,7 +961,9 @@ class VQBeTPolicy(LeRobotPolicy):
         return [g for g in groups if g["params"]]
 
     @classmethod
-    def schedule_first_phase(cls, config: Any) -> int:
+    def first_phase_steps(cls, config: Any) -> int:
+        # the zoo adds these to the steps its budget buys (the first comparison counted them against
+        # the budget, which left the GPT half of its minutes)
         return int(config.n_vqvae_training_steps)
 
     def loss(self, batch: Mapping[str, Any], generator=None) -> dict:

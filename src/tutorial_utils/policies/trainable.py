@@ -51,10 +51,6 @@ class TrainablePolicy:
     comparison: ClassVar[bool] = False
     #: config overrides that only the zoo's step timing uses (``{field: value}``)
     timing_overrides: ClassVar[Mapping[str, Any]] = {}
-    #: the config field counting training steps that the zoo's timing leaves out (a first phase that
-    #: ``timing_overrides`` times away because it costs almost nothing); the zoo adds them on top of
-    #: the steps a budget buys. None: every step is timed
-    untimed_steps_field: ClassVar[str | None] = None
     #: the family's own values of :class:`TrainConfig` fields whose default is None ("the family's
     #: own"): its training recipe (``optimizer_lr``, betas, clipping, warm-up, ``augment_shift``: the
     #: fields of ``train.config.RECIPE``, the book's recipe where a family names none) and
@@ -106,10 +102,11 @@ class TrainablePolicy:
         return [{"params": [p for p in self.parameters() if p.requires_grad]}]  # type: ignore[attr-defined]
 
     @classmethod
-    def schedule_first_phase(cls, config: Any) -> int:
-        """Steps at the start of a training that the learning-rate schedule runs at the full rate,
-        its warm-up and decay coming after them (VQ-BeT's first phase, as LeRobot schedules it):
-        ``config`` is the family's config. 0 for a family trained in one phase."""
+    def first_phase_steps(cls, config: Any) -> int:
+        """Steps of a first training phase under the family's ``config`` (VQ-BeT's action codes; 0
+        for a family trained in one phase). The learning-rate schedule runs it at the full rate, its
+        warm-up and decay coming after it, as LeRobot schedules VQ-BeT; the zoo's timing shortens it
+        (``timing_overrides``) and adds its steps on top of the ones a budget buys."""
         return 0
 
     def optimizer(self, cfg: Any):

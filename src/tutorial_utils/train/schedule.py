@@ -11,11 +11,10 @@ from tutorial_utils.train.config import TrainConfig
 
 
 def first_phase(cfg: TrainConfig) -> int:
-    """The family's first phase at the full rate (``schedule_first_phase``; 0 for most families)."""
+    """The family's first phase, run at the full rate (``first_phase_steps``; 0 for most families)."""
     from tutorial_utils import policies
 
-    fam = policies.family(cfg.policy)
-    return int(fam.schedule_first_phase(cfg.policy_config)) if hasattr(fam, "schedule_first_phase") else 0
+    return int(policies.family(cfg.policy).first_phase_steps(cfg.policy_config))
 
 
 def lr_factor(step: int, cfg: TrainConfig, first: int | None = None) -> float:
