@@ -56,6 +56,29 @@ def test_controls_reads_each_family_against_the_target_with_its_validation_curve
     assert not zoo_tables.controls(one).loc["a", "falling at end"]
 
 
+def test_a_diverging_loss_recorded_across_vqbets_phase_switch_is_judged_again_on_its_curve():
+    from helpers import decaying
+
+    def curve(losses):
+        return [[25 * (i + 1), v] for i, v in enumerate(losses)]
+
+    switch = curve(decaying(20, 1.0, 0.2) + decaying(20, 5000.0, 800.0))  # 500 VQ-VAE steps, then the GPT's loss
+    climbs = curve(decaying(20, 1.0, 0.2) + decaying(10, 5000.0, 800.0) + [800.0 * 1.2**i for i in range(1, 11)])
+    rows = [
+        {**_row("vqbet", 0, 20, 1000, 1000), "health": ["diverging_loss"]},
+        {**_row("v2", 0, 20, 1000, 1000), "family": "vqbet", "health": ["diverging_loss", "data_bound"]},
+        {**_row("mini", 0, 20, 1000, 1000), "health": ["diverging_loss"]},
+    ]
+    z = {
+        "config": {},
+        "rows": rows,
+        "curves": {"vqbet": {"train": switch}, "v2": {"train": climbs}, "mini": {"train": switch}},
+    }
+    health = zoo_tables.controls(z)["health"].to_dict()
+    # the jump at the switch is a new loss; a GPT loss that climbs is still one; a one-phase family's rise is kept
+    assert health == {"vqbet": "-", "v2": "diverging_loss, data_bound", "mini": "diverging_loss"}
+
+
 def test_the_promoted_positive_control_has_what_chapter_9_reads():
     z = zoo_tables.load(CONTROL)
     c, d = z["config"], z["config"]["demonstrations"]

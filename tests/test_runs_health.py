@@ -113,6 +113,19 @@ def test_diverging_loss_is_found_a_noisy_falling_one_is_not(tmp_path):
     assert "diverging_loss" not in _codes(make_run(tmp_path, "short", losses=[0.1, 0.5, 0.9]))  # too few rows
 
 
+def test_a_new_loss_after_a_first_phase_is_not_a_diverging_one(tmp_path):
+    # VQ-BeT: the VQ-VAE's loss falls for n_vqvae_training_steps, then the GPT's loss (offset loss x 10000)
+    # starts thousands of times higher and falls: only the rows after the first phase are judged
+    phases = decaying(30, 1.0, 0.2) + decaying(30, 5000.0, 800.0)
+    vqbet = {"policy": "vqbet", "policy_config": {"n_vqvae_training_steps": 30}}
+    assert "diverging_loss" not in _codes(make_run(tmp_path, "phases", losses=phases, params=vqbet))
+    # the same rows read as one loss (a family with one phase) are the alarm this check exists for
+    assert "diverging_loss" in _codes(make_run(tmp_path, "one", losses=phases))
+    # and a second phase that climbs is still found
+    climbs = decaying(30, 1.0, 0.2) + decaying(30, 5000.0, 800.0) + [800.0 * 1.15**i for i in range(1, 16)]
+    assert "diverging_loss" in _codes(make_run(tmp_path, "climbs", losses=climbs, params=vqbet))
+
+
 def test_warmup_longer_than_the_run(tmp_path):
     d = make_run(tmp_path, "warm", params={"scheduler_warmup_steps": 500})
     (f,) = [f for f in health.diagnose(d).findings if f.code == "warmup_longer_than_run"]

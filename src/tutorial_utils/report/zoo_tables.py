@@ -227,6 +227,21 @@ def ladder_figure(rungs: list[tuple[str, dict[str, Any], dict[str, Any]]]):
     return fig
 
 
+def _health(r: dict[str, Any], curve: list | None) -> str:
+    """A row's health findings. A ``diverging_loss`` recorded for a family with a first phase
+    (VQ-BeT) before the check skipped that phase is judged again on the row's stored loss curve with
+    today's check (:func:`tutorial_utils.train.watch.check_diverging`): the jump where the GPT phase
+    starts is a new loss, not a diverging one."""
+    codes = list(r.get("health") or [])
+    if "diverging_loss" in codes and curve:
+        from tutorial_utils.train.watch import check_diverging
+
+        rows = [{"step": s, "loss": v} for s, v in curve]
+        if not check_diverging(Path("."), rows, {"policy": r.get("family")}):
+            codes.remove("diverging_loss")
+    return ", ".join(codes) or "-"
+
+
 def controls(zoo: dict[str, Any], target: float = 0.8):
     """A positive control read family by family, as a pandas DataFrame indexed by family: success
     and its 95% interval, whether the rate reached ``target``, the budget it had (steps done;
@@ -265,7 +280,7 @@ def controls(zoo: dict[str, Any], target: float = 0.8):
                 "best_step": r.get("best_step"),
                 "last_val_step": val[-1][0] if val else None,
                 "falling at end": len(val) > 1 and r.get("best_step") == val[-1][0],
-                "health": ", ".join(r.get("health") or []) or "-",
+                "health": _health(r, (zoo.get("curves", {}).get(row_label(r)) or {}).get("train")),
             }
         )
     return pd.DataFrame(out).set_index("family")

@@ -10,6 +10,7 @@ returns :class:`Finding` s, each with a ``code``, a ``severity`` (``error``, ``w
                            old (the registry's rule: :func:`tutorial_utils.jobs.run_state`)
 ``non_finite_loss``        a NaN or infinite loss (a metrics row, the loop's ``NonFiniteLoss``)
 ``diverging_loss``         the loss, averaged over a window, rose well above its running minimum
+                           (after a family's first phase: VQ-BeT's GPT loss is a new loss)
 ``warmup_longer_than_run`` ``scheduler_warmup_steps >= steps``: the peak learning rate is never used
 ``data_bound``             the data wait is more than 30% of the step time (``data_wait_share``)
 ``disk_shortfall``         checkpoint size x the saves still to come does not fit in the free space

@@ -71,10 +71,27 @@ def loss_windows(train: list[dict]) -> tuple[int, list[float], list[int]] | None
     return w, means, [s for s, _ in pts][w - 1 :]
 
 
-def check_diverging(d: Path, train: list[dict]) -> list[Finding]:
+def first_phase_steps(cfg: dict) -> int:
+    """Steps of the run's first training phase (``first_phase_steps`` of its family under its
+    ``policy_config``; 0 when the config names no family this project knows). VQ-BeT's loss jumps
+    where its GPT phase starts (the offset loss, weighted 10000, replaces the code loss): a new loss,
+    not a diverging one."""
+    from tutorial_utils import policies
+    from tutorial_utils.policies.trainable import make_config
+
+    try:
+        family = policies.family(str(cfg.get("policy")))
+        return int(family.first_phase_steps(make_config(family, cfg.get("policy_config") or {})))
+    except Exception:  # an unknown family or an old config: judge every row
+        return 0
+
+
+def check_diverging(d: Path, train: list[dict], cfg: dict | None = None) -> list[Finding]:
     """``diverging_loss``: the last window mean is :data:`DIVERGE_RATIO` x above the running
-    minimum of the window means and has given back :data:`DIVERGE_GIVE_BACK` of the improvement."""
-    got = loss_windows(train)
+    minimum of the window means and has given back :data:`DIVERGE_GIVE_BACK` of the improvement.
+    Only the rows after the family's first phase count (:func:`first_phase_steps` of ``cfg``)."""
+    first = first_phase_steps(cfg or {})
+    got = loss_windows([r for r in train if (_num(r.get("step")) or 0) > first] if first else train)
     if got is None:
         return []
     w, means, steps = got
@@ -202,7 +219,7 @@ def training_findings(
     """The checks of this module on one run: diverging loss, warm-up, data-bound, disk
     (``free_bytes`` replaces the measured free space: tests, planning)."""
     return [
-        *check_diverging(d, rows),
+        *check_diverging(d, rows, cfg),
         *check_warmup(d, cfg, rows),
         *check_data_bound(d, cfg, rows),
         *check_disk(d, cfg, status, state, free_bytes),
