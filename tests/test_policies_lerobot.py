@@ -448,3 +448,113 @@ def test_vqbet_trains_with_lerobots_parameter_groups_and_recipe():
     rates = {bool(g.get("own_lr")): g["initial_lr"] for g in opt.param_groups}
     assert rates == {True: 2e-3, False: 5e-4}  # the VQ-VAE keeps its own rate
     assert isinstance(opt, torch.optim.Optimizer)
+
+
+# --- the camera probe (evaluate.latent) -----------------------------------------------------------------
+
+
+def test_the_keypoint_summary_tells_a_saturated_attention_from_a_moving_one():
+    from tutorial_utils.evaluate.latent import LatentProbeError, keypoints_summary
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(50, 8, 4))  # 50 frames, 8 keypoints, a 2x2 map
+    flat = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    kp = rng.normal(scale=0.1, size=(50, 16))
+    s = keypoints_summary(flat, kp, np.abs(kp))
+    assert s["cells"] == 4 and s["attention_peak_if_flat"] == 0.25 and s["attention_peak"] < 0.7
+    assert s["keypoint_spread"] > 0.05 and s["dead_features"] == 0.0
+    saturated = np.zeros((50, 8, 4))
+    saturated[:, :, 1] = 1.0  # every keypoint on one cell, whatever the frame
+    features = np.zeros((50, 16))
+    features[:, :4] = 0.3  # four units carry a constant, the rest are dead
+    c = keypoints_summary(saturated, np.full((50, 16), 0.5), features)
+    assert c["attention_peak"] == 1.0 and c["keypoint_spread"] == 0.0 and c["feature_spread"] == 0.0
+    assert c["dead_features"] == 0.75
+    with pytest.raises(LatentProbeError, match="need"):
+        keypoints_summary(flat[:1], kp[:1], kp[:1])
+
+
+@pytest.mark.parametrize("name", ["diffusion", "vqbet"])
+def test_the_camera_probe_opens_each_cameras_encoder_on_the_training_frames(name, trained, source):
+    from tutorial_utils import policies
+    from tutorial_utils.evaluate.latent import keypoints_summary, probe_cameras
+
+    _, checkpoint = trained(name)
+    model = policies.load(checkpoint)
+    got = probe_cameras(model, model.training_source(source), [0, 3, 7, 12, 18, 25], batch_size=4)
+    assert set(got) == set(model.cameras)  # Diffusion: both cameras, VQ-BeT: its one
+    for p in got.values():
+        k = model.cfg.spatial_softmax_num_keypoints
+        assert p["attention"].shape[:2] == (6, k) and p["keypoints"].shape == (6, 2 * k)
+        assert np.allclose(p["attention"].sum(-1), 1.0, atol=1e-5)
+        s = keypoints_summary(**p)
+        assert s["cells"] == max(1, SIZE // 32) ** 2  # a ResNet's last map: one cell per 32 pixels
+        assert 1.0 / s["cells"] <= s["attention_peak"] <= 1.0 and s["feature_spread"] >= 0.0
+
+
+def test_the_probe_refuses_a_family_without_a_camera_encoder_with_the_ones_it_opens(trained):
+    from tutorial_utils import policies
+    from tutorial_utils.evaluate.latent import LatentProbeError, probe
+
+    _, checkpoint = trained("act")
+    assert policies.load(checkpoint).camera_encoders() == {}  # ACT reads its ResNet with a transformer
+    with pytest.raises(LatentProbeError, match="'diffusion', 'vqbet'"):
+        probe(checkpoint, "no-dataset-needed")
+
+
+def test_camera_probes_of_several_checkpoints_read_as_one_table_and_figure():
+    from tutorial_utils.evaluate.latent import LatentProbeError, camera_figure, camera_table
+
+    def doc(trained_spread: float, cams=("image",)) -> dict:
+        rows = []
+        for state, spread, peak in (("trained", trained_spread, 0.99), ("untrained", 0.04, 0.4)):
+            for cam in cams:
+                rows.append(
+                    {
+                        "label": f"{state}, {cam}",
+                        "cells": 4,
+                        "attention_peak": peak,
+                        "keypoint_spread": spread,
+                        "feature_spread": 0.01,
+                        "dead_features": 0.5,
+                    }
+                )
+        return {"kind": "camera_probe", "frames": 40, "training": {"steps": 1483}, "results": rows}
+
+    docs = {"vqbet, one task": doc(0.0004), "diffusion, ten tasks": doc(0.16, ("image", "wrist_image"))}
+    t = camera_table(docs)
+    assert list(t.index) == ["vqbet, one task", "diffusion, ten tasks", "diffusion, ten tasks, wrist_image"]
+    assert t.loc["vqbet, one task", "keypoints move (x untrained)"] == 0.01
+    assert (
+        t.loc["diffusion, ten tasks", "keypoints move (x untrained)"] == 4.0
+        and t.loc["vqbet, one task", "steps"] == 1483
+    )
+    fig = camera_figure(docs)
+    assert [x.get_text() for x in fig.axes[0].get_yticklabels()][0] == "vqbet, one task"
+    with pytest.raises(LatentProbeError, match="not a camera probe"):
+        camera_table({"tdmpc": {"kind": "latent_probe", "results": []}})
+
+
+def test_a_probe_series_follows_one_runs_checkpoints_by_their_step(trained, tmp_path):
+    from tutorial_utils.data.modality import build_modality
+    from tutorial_utils.data.stats import compute_all
+    from tutorial_utils.data.synth import generate_dataset
+    from tutorial_utils.evaluate.latent import LatentProbeError, probe_series, series_figure, series_table
+
+    _, last = trained("vqbet")
+    (step,) = sorted(last.parent.glob("step_*"))
+    data = generate_dataset(tmp_path / "demo", n_episodes=3, mean_length=12, image_size=SIZE, n_tasks=1)
+    build_modality(data)
+    compute_all(data)
+    doc = probe_series([last, step], data, every=3)
+    assert doc["kind"] == "probe_series" and doc["family"] == "vqbet"
+    assert doc["first_phase_steps"] == TINY["vqbet"]["n_vqvae_training_steps"]  # VQ-BeT's VQ-VAE phase
+    assert [d["checkpoint_step"] for d in doc["probes"]] == [RUN["steps"]] * 2
+    t = series_table(doc)
+    assert list(t.index.names) == ["step", "model"] and "attention_peak" in t and len(t) == 2
+    fig = series_figure(doc)
+    assert len(fig.axes) == 2 and fig.axes[1].get_yscale() == "log"
+    with pytest.raises(LatentProbeError, match="two checkpoints"):
+        probe_series([last], data)
+    with pytest.raises(LatentProbeError, match="camera probes"):
+        series_figure({"probes": [{"kind": "latent_probe"}]})

@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "latent": (
         "tutorial_utils.evaluate.latent",
-        "open a TD-MPC checkpoint's world model on demonstrations: does its latent tell frames apart",
+        "open a checkpoint on demonstrations beside it untrained: TD-MPC's latent, Diffusion/VQ-BeT camera keypoints",
     ),
     "train": ("tutorial_utils.train.cli", "train a policy family (mini, mlp, ...)"),
     "lerobot-train": (

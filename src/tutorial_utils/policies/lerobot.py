@@ -730,6 +730,45 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
         return self.policy.predict_action_chunk(lb)
 
     # -- checkpoints: the seam's format; LeRobot's as an extra export
+    def camera_encoders(self) -> dict[str, nn.Module]:
+        """The spatial-softmax image encoder each camera goes through (LeRobot's ``rgb_encoder`` of
+        Diffusion Policy and VQ-BeT: a ResNet, a 1x1 convolution to keypoint maps, a softmax over
+        each map's cells, the expected (x, y) of each, a linear layer and a ReLU); empty for a family
+        without one (ACT reads its ResNet's features with a transformer)."""
+        inner = getattr(self.policy, "diffusion", None) or getattr(self.policy, "vqbet", None)
+        enc = getattr(inner, "rgb_encoder", None)
+        if enc is None:
+            return {}
+        if isinstance(enc, nn.ModuleList):
+            return dict(zip(self.cameras, enc, strict=True))
+        return {cam: enc for cam in self.cameras}
+
+    @torch.no_grad()
+    def probe_cameras(self, batch: Mapping[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
+        """Each camera's encoder opened on ``batch``'s current frames, as at serving (centre crop):
+        ``attention`` (B, K, cells), the softmax of each keypoint map; ``keypoints`` (B, 2K), their
+        expected positions in [-1, 1]; ``features`` (B, D), what the encoder hands on;
+        ``feature_map`` (H, W), the cells of the ResNet's last map."""
+        lb = self._lerobot_batch(batch, with_action=False)
+        out = {}
+        for cam, enc in self.camera_encoders().items():
+            x = lb[self.lerobot_key(cam)]
+            x = x[:, -1] if x.ndim == 5 else x  # the current frame of a history
+            if getattr(enc, "resize", None) is not None:
+                x = enc.resize(x)
+            if enc.do_crop:
+                x = enc.center_crop(x)
+            fmap = enc.backbone(x)
+            logits = enc.pool.nets(fmap) if enc.pool.nets is not None else fmap
+            keypoints = enc.pool(fmap).flatten(1)
+            out[cam] = {
+                "attention": torch.softmax(logits.flatten(2), dim=-1),
+                "keypoints": keypoints,
+                "features": enc.relu(enc.out(keypoints)),
+                "feature_map": torch.tensor(fmap.shape[-2:]),
+            }
+        return out
+
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         theirs = {k: tuple(v.shape[1:]) for k, v in state_dict.items() if k.startswith("lerobot_features.")}
         for name, shape in self.features.items():

@@ -65,6 +65,16 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "--prefix vqbet_wrist_eval_`",
     ),
     (
+        "*/vqbet_obs1_eval_*",
+        "the evaluate job on VQ-BeT trained with one observation frame, then `python -m tutorial_utils promote eval "
+        "RUN --prefix vqbet_obs1_eval_`",
+    ),
+    (
+        "*/vqbet_img96_eval_*",
+        "the evaluate job on VQ-BeT trained on 96 px images cropped to 84, then `python -m tutorial_utils promote "
+        "eval RUN --prefix vqbet_img96_eval_`",
+    ),
+    (
         "logs/act_chunks_cpu.json",
         "the zoo job on ACT alone (the positive control's task and starts), then `python -m tutorial_utils zoo "
         "promote RUN --prefix act_chunks_cpu`",
@@ -85,7 +95,8 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
     ),
     (
         "logs/latent_*.json",
-        "`python -m tutorial_utils latent --out ...` (TD-MPC's world model opened on the control's demonstrations)",
+        "`python -m tutorial_utils latent --out ...` (a checkpoint opened beside it untrained: TD-MPC's world model, "
+        "the camera keypoints of Diffusion Policy and VQ-BeT)",
     ),
     (
         "logs/positive_control_*.json",
