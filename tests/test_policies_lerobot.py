@@ -558,3 +558,27 @@ def test_a_probe_series_follows_one_runs_checkpoints_by_their_step(trained, tmp_
         probe_series([last], data)
     with pytest.raises(LatentProbeError, match="camera probes"):
         series_figure({"probes": [{"kind": "latent_probe"}]})
+
+
+def test_vqbet_can_standardise_its_images_as_diffusion_policy_does(source):
+    needs_lerobot()
+    import torch
+
+    from tutorial_utils.policies.lerobot import VQBeTConfig
+    from tutorial_utils.train.data import WindowDataset, collate, random_shift
+
+    with pytest.raises(ConfigError, match="image_normalization='imagenet': use one of identity, mean_std"):
+        VQBeTConfig(**TINY["vqbet"], image_normalization="imagenet").check()
+    seen = {}
+    for mode in ("identity", "mean_std"):
+        model = policies.make("vqbet", {**TINY["vqbet"], "image_normalization": mode}, source.statistics)
+        data = WindowDataset(model.training_source(source), np.arange(4), model.cfg.action_horizon, SIZE)
+        batch = random_shift(collate([data[i] for i in range(4)]), 0, torch.Generator())
+        assert model.lerobot_config.normalization_mapping["VISUAL"].name == mode.upper()
+        seen[mode] = model._lerobot_batch(batch, with_action=False)[model.lerobot_key(model.cameras[0])]
+        assert (
+            model.lerobot_kwargs_applied().get("normalization_mapping", {"VISUAL": "IDENTITY"})["VISUAL"]
+            == mode.upper()
+        )
+    assert 0.0 <= float(seen["identity"].min()) and float(seen["identity"].max()) <= 1.0  # pixels in [0, 1]
+    assert float(seen["mean_std"].min()) < -1.0  # ImageNet's mean and std: dark pixels well below 0

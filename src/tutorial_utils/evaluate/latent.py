@@ -31,7 +31,9 @@ map's cells and the expected (x, y) position under it. The probe reports, per ca
 - **feature spread** and **dead features**: the same for what the encoder hands on, and the share
   of its ReLU units that are zero on every frame.
 
-``python -m tutorial_utils latent --checkpoint RUN/checkpoints/best --dataset DIR [--out FILE]``.
+``python -m tutorial_utils latent --checkpoint RUN/checkpoints/best --dataset DIR [--out FILE]``;
+``--checkpoint RUN/checkpoints/step_*`` probes each saved step of one run (a series: when did it
+settle).
 """
 
 from __future__ import annotations

@@ -308,6 +308,10 @@ class DiffusionConfig:
         }
 
 
+#: VQ-BeT's ``image_normalization`` values (LeRobot's NormalizationMode names, lower case)
+IMAGE_NORMALIZATIONS = ("identity", "mean_std")
+
+
 @dataclass
 class VQBeTConfig:
     """VQ-BeT: a residual VQ-VAE turns action chunks into codes (phase 1), then a GPT predicts
@@ -357,6 +361,12 @@ class VQBeTConfig:
     )
     bet_softmax_temperature: float = param(0.1, "sampling temperature of the code head (LeRobot: 0.1)", "model")
     dropout: float = param(0.1, "dropout in the GPT", "model")
+    image_normalization: str = param(
+        "identity",
+        "how camera pixels reach the encoder: identity (in [0, 1]; LeRobot's VQ-BeT) or mean_std (standardised "
+        "with ImageNet's per-channel mean and std, as LeRobot's Diffusion Policy does)",
+        "model",
+    )
 
     @property
     def action_horizon(self) -> int:
@@ -378,15 +388,28 @@ class VQBeTConfig:
             raise ConfigError(f"gpt_n_head={self.gpt_n_head} must divide gpt_hidden_dim={self.gpt_hidden_dim}")
         if not 0.0 < self.crop_ratio <= 1.0:
             raise ConfigError(f"crop_ratio={self.crop_ratio} must be in (0, 1]")
+        if self.image_normalization not in IMAGE_NORMALIZATIONS:
+            raise ConfigError(
+                f"image_normalization={self.image_normalization!r}: use one of {', '.join(IMAGE_NORMALIZATIONS)}"
+            )
 
     def lerobot_kwargs(self) -> dict:
-        return {
-            **_same_names(self, skip=("image_size", "camera", "crop_ratio")),
+        out = {
+            **_same_names(self, skip=("image_size", "camera", "crop_ratio", "image_normalization")),
             "n_action_pred_token": 1,  # see action_horizon
             "gpt_input_dim": self.gpt_hidden_dim,
             "gpt_output_dim": self.gpt_hidden_dim,
             "crop_shape": _crop_shape(self),
         }
+        if self.image_normalization != "identity":  # LeRobot's default mapping otherwise
+            from lerobot.configs.types import NormalizationMode
+
+            out["normalization_mapping"] = {
+                "VISUAL": NormalizationMode[self.image_normalization.upper()],
+                "STATE": NormalizationMode.MIN_MAX,
+                "ACTION": NormalizationMode.MIN_MAX,
+            }
+        return out
 
 
 # --- statistics ------------------------------------------------------------------------------------
@@ -793,6 +816,8 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
         out = {}
         for k in self.cfg.lerobot_kwargs():
             v = getattr(self.lerobot_config, k, None)
+            if isinstance(v, Mapping):  # normalization_mapping: enum values by name
+                v = {str(a): getattr(b, "name", b) for a, b in v.items()}
             out[k] = list(v) if isinstance(v, tuple) else v
         return out
 
