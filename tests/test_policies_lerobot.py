@@ -523,10 +523,11 @@ def test_camera_probes_of_several_checkpoints_read_as_one_table_and_figure():
 
     docs = {"vqbet, one task": doc(0.0004), "diffusion, ten tasks": doc(0.16, ("image", "wrist_image"))}
     t = camera_table(docs)
-    assert list(t.index) == ["vqbet, one task", "diffusion, ten tasks", "diffusion, ten tasks, wrist_image"]
+    # a one-camera model is named by its label, each camera of a two-camera one by label and camera
+    assert list(t.index) == ["vqbet, one task", "diffusion, ten tasks, image", "diffusion, ten tasks, wrist_image"]
     assert t.loc["vqbet, one task", "keypoints move (x untrained)"] == 0.01
     assert (
-        t.loc["diffusion, ten tasks", "keypoints move (x untrained)"] == 4.0
+        t.loc["diffusion, ten tasks, image", "keypoints move (x untrained)"] == 4.0
         and t.loc["vqbet, one task", "steps"] == 1483
     )
     fig = camera_figure(docs)

@@ -363,6 +363,7 @@ def _camera_rows(docs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 f"{label}: not a camera probe (kind {doc.get('kind')!r}); probe a Diffusion or VQ-BeT checkpoint"
             )
         rows = {r["label"]: r for r in doc["results"]}
+        several = sum(k.startswith("trained, ") for k in rows) > 1  # name the camera of a two-camera model
         for key, t in rows.items():
             state, cam = key.split(", ", 1)
             if state != "trained":
@@ -371,7 +372,7 @@ def _camera_rows(docs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             training = doc.get("training") or {}
             out.append(
                 {
-                    "model": f"{label}, {cam}" if cam != "image" else label,
+                    "model": f"{label}, {cam}" if several else label,
                     "cells": t["cells"],
                     "attention peak": t["attention_peak"],
                     "attention peak untrained": u["attention_peak"],
@@ -403,7 +404,7 @@ def camera_figure(docs: dict[str, dict[str, Any]]):
     from matplotlib.figure import Figure
 
     rows = [r for r in _camera_rows(docs) if r["keypoints move (x untrained)"]]
-    fig = Figure(figsize=(7, 0.45 * len(rows) + 1.2), layout="constrained")
+    fig = Figure(figsize=(9, 0.45 * len(rows) + 1.4), layout="constrained")
     ax = fig.subplots()
     y = list(range(len(rows)))[::-1]
     ratios = [r["keypoints move (x untrained)"] for r in rows]
@@ -411,8 +412,8 @@ def camera_figure(docs: dict[str, dict[str, Any]]):
     ax.set_xscale("log")
     ax.axvline(1.0, color="k", lw=0.8)
     ax.set_yticks(y, [r["model"] for r in rows])
-    ax.set_xlabel("keypoint spread across frames, trained / untrained (log scale)")
-    ax.set_title("Do the camera keypoints still follow the image after training?")
+    ax.set_xlabel("keypoint spread, trained / untrained (log scale)")
+    ax.set_title("Do the keypoints still follow the image?")
     return fig
 
 

@@ -70,6 +70,16 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "RUN --prefix vqbet_obs1_eval_`",
     ),
     (
+        "*/vqbet_meanstd_eval_*",
+        "the evaluate job on VQ-BeT trained with standardised images, then `python -m tutorial_utils promote eval "
+        "RUN --prefix vqbet_meanstd_eval_`",
+    ),
+    (
+        "*/vqbet_offset100_eval_*",
+        "the evaluate job on VQ-BeT trained with its offset loss weighted 100, then `python -m tutorial_utils "
+        "promote eval RUN --prefix vqbet_offset100_eval_`",
+    ),
+    (
         "*/vqbet_img96_eval_*",
         "the evaluate job on VQ-BeT trained on 96 px images cropped to 84, then `python -m tutorial_utils promote "
         "eval RUN --prefix vqbet_img96_eval_`",
