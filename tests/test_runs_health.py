@@ -290,10 +290,15 @@ def test_a_real_tiny_run_is_healthy(tmp_path):
     assert "warmup_longer_than_run" in health.diagnose(tmp_path / "warm").codes()
     # the training process found it itself while it trained: once in train.log (validations at
     # steps 4 and 8), with its fix, and in status.json
-    lines = [x for x in (tmp_path / "warm" / "train.log").read_text().splitlines() if x.startswith("Health check")]
+    # (data_bound depends on how busy the machine is, so it is left out of what these lines must be)
+    lines = [
+        x
+        for x in (tmp_path / "warm" / "train.log").read_text().splitlines()
+        if x.startswith("Health check") and "] data_bound:" not in x
+    ]
     assert len(lines) == 1 and "step 4: [warning] warmup_longer_than_run" in lines[0] and "Fix: set" in lines[0], lines
     recorded = jobs.read_status(tmp_path / "warm")["health"]
     assert recorded["by"] == "the training process at step 8"
-    assert [f["code"] for f in recorded["findings"]] == ["warmup_longer_than_run"]
+    assert [f["code"] for f in recorded["findings"] if f["code"] != "data_bound"] == ["warmup_longer_than_run"]
     healthy_log = (tmp_path / "real" / "train.log").read_text()
     assert not any(f"] {code}:" in healthy_log for code in quiet), healthy_log
