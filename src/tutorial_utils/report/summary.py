@@ -80,6 +80,11 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "promote eval RUN --prefix vqbet_offset100_eval_`",
     ),
     (
+        "*/vqbet_tentask_eval_*",
+        "the evaluate job on VQ-BeT trained on ten tasks' demonstrations (the control's starts held out), then "
+        "`python -m tutorial_utils promote eval RUN --prefix vqbet_tentask_eval_`",
+    ),
+    (
         "*/vqbet_img96_eval_*",
         "the evaluate job on VQ-BeT trained on 96 px images cropped to 84, then `python -m tutorial_utils promote "
         "eval RUN --prefix vqbet_img96_eval_`",
