@@ -243,7 +243,6 @@ def probe_series(
     representation settles. ``progress``: a tqdm-like wrapper for the loop."""
     from tutorial_utils import policies
     from tutorial_utils.policies.checkpoint import read_checkpoint_config
-    from tutorial_utils.policies.trainable import make_config
 
     if len(checkpoints) < 2:
         raise LatentProbeError("a series needs two checkpoints or more (one run's step_* directories)")
@@ -251,11 +250,10 @@ def probe_series(
     probes = [probe(c, dataset, episodes=episodes, every=every, seed=seed) for c in loop]
     probes.sort(key=lambda d: d["checkpoint_step"] if d["checkpoint_step"] is not None else -1)
     config = read_checkpoint_config(checkpoints[0])
-    family = policies.family(config["family"])
     return {
         "kind": "probe_series",
         "family": config["family"],
-        "first_phase_steps": family.first_phase_steps(make_config(family, config.get("policy") or {})),
+        "first_phase_steps": policies.first_phase_steps(config["family"], config.get("policy") or {}),
         "probes": probes,
     }
 

@@ -53,8 +53,7 @@ def untimed_steps(name: str) -> int:
     family's default config; 0 for a family whose every step is timed)."""
     from tutorial_utils import policies
 
-    cls = policies.family(name)
-    return cls.first_phase_steps(cls.config_class())
+    return policies.first_phase_steps(name)
 
 
 def __getattr__(name: str) -> Any:

@@ -104,6 +104,16 @@ def family(name: str) -> type:
     return target
 
 
+def first_phase_steps(name: str, config: Any = None) -> int:
+    """Steps of family ``name``'s first training phase under ``config`` (an instance, a mapping of
+    overrides or None for the defaults): its ``first_phase_steps`` hook, the one place the schedule,
+    the zoo's budget, the health check and the probe read it from."""
+    from tutorial_utils.policies.trainable import make_config
+
+    cls = family(name)
+    return int(cls.first_phase_steps(make_config(cls, config)))
+
+
 def make(name: str, config: Any = None, statistics: Any = None):
     """A new model of family ``name`` from its config (an instance, a ``{name: value}`` mapping
     of overrides, or None for the defaults) and the dataset statistics."""

@@ -14,7 +14,7 @@ def first_phase(cfg: TrainConfig) -> int:
     """The family's first phase, run at the full rate (``first_phase_steps``; 0 for most families)."""
     from tutorial_utils import policies
 
-    return int(policies.family(cfg.policy).first_phase_steps(cfg.policy_config))
+    return policies.first_phase_steps(cfg.policy, cfg.policy_config)
 
 
 def lr_factor(step: int, cfg: TrainConfig, first: int | None = None) -> float:
