@@ -50,7 +50,7 @@ class RecordConfig:
         "2", "tasks to record: all, 0-4, 0,3 or a list (tutorial_utils.params.parse_task_ids)", cpu="all"
     )
     episodes_per_task: int = param(
-        1, "successful episodes per task (init states offset, offset+1, ...)", cpu=15, gpu=50
+        1, "successful episodes per task (init states offset, offset+1, ...)", cpu=20, gpu=50
     )
     init_state_offset: int = param(
         10,
