@@ -221,3 +221,25 @@ def test_rollout_pair_copies_the_first_success_and_the_first_failure(tmp_path):
     assert (tmp_path / "out" / "zoo_act_failure.mp4").read_bytes() == b"clip 0"
     with pytest.raises(ValueError, match="too large to promote"):
         promote.rollout_pair(run, tmp_path / "out" / "big", max_video_bytes=3)
+
+
+def test_files_of_one_run_share_one_source_paragraph_and_several_runs_name_their_files(copies, tmp_path):
+    """A block of results from one run prints one Source paragraph, not one per file; from two
+    runs, each paragraph names the files it covers."""
+    a = provenance.stamp(tmp_path / "runs" / "20261205-101500-evaluate-aaa111", None, stage="evaluate")
+    b = provenance.stamp(tmp_path / "runs" / "20261205-111500-evaluate-bbb222", None, stage="evaluate")
+    files = {"logs/x_results.json": a, "logs/openloop_x.json": a, "logs/latent_x.json": a, "logs/y_results.json": b}
+    for name in files:
+        (copies / name).write_text("{}")
+    provenance.write_stamps(files, reference=True)
+
+    one = provenance.show("logs/x_results.json", "logs/openloop_x.json", "logs/latent_x.json")
+    md = one._repr_markdown_()
+    assert md.count("*Source: ") == 1 and "aaa111" in md and "bbb222" not in md
+
+    two = provenance.show("logs/x_results.json", "logs/y_results.json", "logs/latent_x.json")
+    paragraphs = two._repr_markdown_().split("\n\n")
+    assert len(paragraphs) == 2
+    assert paragraphs[0].startswith("*Source of `x_results.json`, `latent_x.json`: Run 20261205-101500-evaluate-aaa111")
+    assert paragraphs[1].startswith("*Source of `y_results.json`: Run 20261205-111500-evaluate-bbb222")
+    assert str(two).splitlines()[1].startswith("Source of `y_results.json`: Run")

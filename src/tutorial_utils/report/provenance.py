@@ -330,18 +330,29 @@ def line(name: str | os.PathLike) -> str:
 
 
 class Provenance:
-    """A provenance line that renders as a small italic Markdown paragraph in a notebook."""
+    """The provenance of one block of results as small italic Markdown paragraphs in a notebook:
+    files whose lines are the same (one run, one dataset, one commit) share one paragraph, and
+    when the block's files come from more than one source each paragraph names its files."""
 
     def __init__(self, *names: str | os.PathLike):
-        self.lines = [line(n) for n in names]
+        groups: dict[str, list[str]] = {}
+        for n in names:
+            groups.setdefault(line(n), []).append(Path(_split(n)[1]).name)
+        self.groups = list(groups.items())
+        self.lines = [text for text, _ in self.groups]
+
+    def _labels(self) -> list[str]:
+        if len(self.groups) < 2:
+            return ["Source" for _ in self.groups]
+        return ["Source of " + ", ".join(f"`{f}`" for f in files) for _, files in self.groups]
 
     def __str__(self) -> str:
-        return "\n".join(self.lines)
+        return "\n".join(f"{label}: {text}" for label, (text, _) in zip(self._labels(), self.groups))
 
     __repr__ = __str__
 
     def _repr_markdown_(self) -> str:
-        return "\n\n".join(f"*Source: {x}*" for x in self.lines)
+        return "\n\n".join(f"*{label}: {text}*" for label, (text, _) in zip(self._labels(), self.groups))
 
 
 def show(*names: str | os.PathLike) -> Provenance:
