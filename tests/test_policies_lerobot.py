@@ -536,7 +536,7 @@ def test_camera_probes_of_several_checkpoints_read_as_one_table_and_figure():
         camera_table({"tdmpc": {"kind": "latent_probe", "results": []}})
 
 
-def test_a_probe_series_follows_one_runs_checkpoints_by_their_step(trained, tmp_path):
+def test_a_probe_series_follows_one_runs_checkpoints_by_their_step(trained, tmp_path, monkeypatch):
     from tutorial_utils.data.modality import build_modality
     from tutorial_utils.data.stats import compute_all
     from tutorial_utils.data.synth import generate_dataset
@@ -547,8 +547,15 @@ def test_a_probe_series_follows_one_runs_checkpoints_by_their_step(trained, tmp_
     data = generate_dataset(tmp_path / "demo", n_episodes=3, mean_length=12, image_size=SIZE, n_tasks=1)
     build_modality(data)
     compute_all(data)
+    from tutorial_utils import policies
+
+    made, make = [], policies.make
+    monkeypatch.setattr(policies, "make", lambda *a, **k: made.append(a[0]) or make(*a, **k))
     doc = probe_series([last, step], data, every=3)
     assert doc["kind"] == "probe_series" and doc["family"] == "vqbet"
+    assert made == ["vqbet"]  # one run's untrained twin is built and probed once, for the first checkpoint
+    untrained = [[r for r in d["results"] if r["label"].startswith("untrained")] for d in doc["probes"]]
+    assert untrained[0] and untrained[0] == untrained[1]
     assert doc["first_phase_steps"] == TINY["vqbet"]["n_vqvae_training_steps"]  # VQ-BeT's VQ-VAE phase
     assert [d["checkpoint_step"] for d in doc["probes"]] == [RUN["steps"]] * 2
     t = series_table(doc)

@@ -184,11 +184,17 @@ def rewards_summary(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def probe(
-    checkpoint: str | os.PathLike, dataset: str | os.PathLike, episodes: Any = None, every: int = 5, seed: int = 0
+    checkpoint: str | os.PathLike,
+    dataset: str | os.PathLike,
+    episodes: Any = None,
+    every: int = 5,
+    seed: int = 0,
+    untrained_rows: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The probe of a TD-MPC ``checkpoint`` and of the same model untrained (``seed``) on ``dataset``'s
     training windows (``episodes``: all by default; every ``every``-th frame, and each demonstration's
-    rewarded window). Returns both rows."""
+    rewarded window). Returns both rows. ``untrained_rows``: the untrained rows of an earlier probe
+    of the same run on the same frames, reused instead of probing the untrained model again."""
     import torch
 
     from tutorial_utils import policies
@@ -204,11 +210,13 @@ def probe(
     trained = policies.load(checkpoint)
     if not world_model and not trained.camera_encoders():  # ACT: its ResNet is read by a transformer
         raise LatentProbeError(_nothing_to_open(checkpoint, family))
-    torch.manual_seed(seed)
-    untrained = policies.make(family, trained.cfg, trained.statistics)
+    models = [("trained", trained, _shown(checkpoint))]
+    if untrained_rows is None:
+        torch.manual_seed(seed)
+        models.append(("untrained", policies.make(family, trained.cfg, trained.statistics), f"seed {seed}"))
     windows, idx, eps = _windows(trained, dataset, episodes, every, rewarded=world_model)
     rows = []
-    for label, model, where in (("trained", trained, _shown(checkpoint)), ("untrained", untrained, f"seed {seed}")):
+    for label, model, where in models:
         if not world_model:
             for cam, p in probe_cameras(model, windows, idx).items():
                 rows.append({"label": f"{label}, {cam.split('.')[-1]}", "checkpoint": where, **keypoints_summary(**p)})
@@ -222,6 +230,7 @@ def probe(
                 **rewards_summary(p),
             }
         )
+    rows += [dict(r) for r in untrained_rows or []]
     return {
         "kind": "latent_probe" if world_model else "camera_probe",
         "family": family,
@@ -247,7 +256,18 @@ def probe_series(
     if len(checkpoints) < 2:
         raise LatentProbeError("a series needs two checkpoints or more (one run's step_* directories)")
     loop = progress(checkpoints) if progress else checkpoints
-    probes = [probe(c, dataset, episodes=episodes, every=every, seed=seed) for c in loop]
+    # one run: one untrained twin, probed once on the same frames (again for a checkpoint whose
+    # family or policy configuration differs from the first one's)
+    probes, untrained, first = [], None, None
+    for c in loop:
+        cfg = read_checkpoint_config(c)
+        same = first is not None and (cfg["family"], cfg.get("policy")) == first
+        probes.append(
+            probe(c, dataset, episodes=episodes, every=every, seed=seed, untrained_rows=untrained if same else None)
+        )
+        if first is None:
+            first = (cfg["family"], cfg.get("policy"))
+            untrained = [r for r in probes[0]["results"] if r["label"].startswith("untrained")]
     probes.sort(key=lambda d: d["checkpoint_step"] if d["checkpoint_step"] is not None else -1)
     config = read_checkpoint_config(checkpoints[0])
     return {
