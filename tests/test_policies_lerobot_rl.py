@@ -181,6 +181,27 @@ def test_the_trainer_trains_tdmpc_on_its_windows_and_one_frame_batches_are_refus
     assert served.infer(observation())["actions"].shape == (H, 7)
 
 
+def test_tdmpcs_behaviour_cloning_term_trains_the_encoder_and_is_off_by_default(tdmpc, source):
+    """``bc_coeff`` adds pi(encode(o_t)) vs a_t to LeRobot's loss with gradients into the encoder;
+    at 0 (the default) the loss is LeRobot's alone, and a negative weight is refused."""
+    import torch
+
+    from tutorial_utils.policies.lerobot_rl import DemonstrationWindows
+
+    assert "bc_loss" not in tdmpc.loss(DemonstrationWindows(source, horizon=H, image_size=SIZE).batch([0, 1, 8]))
+    torch.manual_seed(0)
+    model = policies.make("tdmpc", {**TDMPC, "bc_coeff": 2.0}, source.statistics)
+    batch = model.training_source(source).batch([0, 1, 8])
+    out = model.loss(batch, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(out["bc_loss"]) and out["bc_loss"] > 0
+    model.zero_grad()
+    out["bc_loss"].backward()
+    encoder = model.policy.model._encoder
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in encoder.parameters())
+    with pytest.raises(ConfigError, match="bc_coeff=-1.*>= 0"):
+        TrainConfig.from_overrides({"policy": "tdmpc", "bc_coeff": -1})
+
+
 # --- SAC -------------------------------------------------------------------------------------------
 
 

@@ -281,6 +281,14 @@ class TDMPCConfig:
     reward_coeff: float = param(0.5, "weight of the reward loss (LeRobot: 0.5)", "model")
     value_coeff: float = param(0.1, "weight of the Q (TD) and V (expectile) losses (LeRobot: 0.1)", "model")
     pi_coeff: float = param(0.5, "weight of the advantage-weighted policy loss (LeRobot: 0.5)", "model")
+    bc_coeff: float = param(
+        0.0,
+        "weight of a behaviour-cloning term added to LeRobot's loss: the squared error of the policy head's "
+        "action pi(encode(o_t)) against the demonstrated one, with gradients into the encoder (LeRobot's "
+        "advantage-weighted term reads detached latents, so imitation never trains the encoder). "
+        "0: LeRobot's loss unchanged",
+        "model",
+    )
     target_model_momentum: float = param(
         0.995, "EMA momentum of the target model, updated once per optimisation step (LeRobot: 0.995)", "model"
     )
@@ -298,6 +306,8 @@ class TDMPCConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.n_pi_samples < 0:
             raise ConfigError(f"n_pi_samples={self.n_pi_samples} must be >= 0")
+        if self.bc_coeff < 0:
+            raise ConfigError(f"bc_coeff={self.bc_coeff} must be >= 0 (0: LeRobot's loss unchanged)")
         if self.n_elites > self.n_gaussian_samples + self.n_pi_samples:
             raise ConfigError(
                 f"n_elites={self.n_elites} must be <= n_gaussian_samples + n_pi_samples = "
@@ -310,7 +320,7 @@ class TDMPCConfig:
             )
 
     def lerobot_kwargs(self) -> dict:
-        skip = ("image_size", "camera", "success_reward")
+        skip = ("image_size", "camera", "success_reward", "bc_coeff")
         from tutorial_utils.policies.lerobot import _same_names
 
         return {**_same_names(self, skip=skip), "n_action_repeats": 1}
@@ -364,12 +374,27 @@ class TDMPCPolicy(_ClosedLoop, LeRobotPolicy):
             # that calls loss() once per step gets the same EMA here (a no-op on the first step)
             self.policy.update()
         with self._seeded(generator):
-            loss, parts = self.policy.forward(lb)
+            loss, parts = self.policy.forward(dict(lb))
         out = {"total_loss": loss}
         for k, v in (parts or {}).items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 out[k] = torch.tensor(float(v), device=loss.device)
+        if self.cfg.bc_coeff > 0:
+            out["bc_loss"] = self._bc_loss(lb)
+            out["total_loss"] = loss + self.cfg.bc_coeff * out["bc_loss"]
         return out
+
+    def _bc_loss(self, lb: Mapping[str, Any]) -> torch.Tensor:
+        """The behaviour-cloning term of ``bc_coeff``: mean squared error of pi(encode(o_t)) against
+        the demonstrated action a_t (both in LeRobot's normalised units), over the windows whose
+        first frame and action are real (not padding); gradients reach the encoder."""
+        from lerobot.utils.constants import OBS_IMAGE
+
+        m = self.policy.model
+        z = m.encode({OBS_IMAGE: lb[OBS_IMAGE][:, 0], BATCH_STATE: lb[BATCH_STATE][:, 0]})
+        err = ((m.pi(z) - lb[BATCH_ACTION][:, 0]) ** 2).mean(dim=-1)
+        real = (~lb[STATE_IS_PAD][:, 0] & ~lb[BATCH_ACTION_IS_PAD][:, 0]).float()
+        return (err * real).sum() / real.sum().clamp(min=1.0)
 
     @torch.no_grad()
     def probe(self, batch: Mapping[str, Any]) -> dict[str, torch.Tensor]:
