@@ -77,6 +77,11 @@ def test_docstrings_agree_that_the_trainer_trains_tdmpc_and_say_what_ran():
 
     rows = json.loads(promoted.read_text())["rows"]
     assert [r["family"] for r in rows] == ["tdmpc"] and rows[0]["episodes"] >= 20
+    # the imitation-term run: its evaluation exists, served the policy head alone, and the text says
+    # what kind of result it is
+    bc = ROOT / "logs" / "tdmpc_bc_eval_results.json"
+    assert "logs/tdmpc_bc_eval_results.json" in tdmpc and "behaviour-cloning result" in tdmpc and bc.is_file()
+    assert json.loads(bc.read_text())["total_episodes"] >= 20
 
 
 def test_the_zoo_says_what_ran_instead_of_pointing_to_a_missing_chapter():

@@ -20,7 +20,9 @@ What the code does:
   is the same optimisation in a loop of your own. Served, it plans with LeRobot's MPPI/CEM
   (``use_mpc``) over the learned latent model, from scratch on each request (no warm start across
   calls); :meth:`TDMPCPolicy.select_action` is LeRobot's own closed-loop call with its action queue.
-  Never trained online, so its value estimates would only ever see the expert's actions.
+  Never trained online, so its value estimates would only ever see the expert's actions. LeRobot's
+  advantage-weighted policy loss reads detached latents, so imitation never trains the encoder;
+  ``bc_coeff`` adds a behaviour-cloning term whose gradients reach it.
 - **SAC** (``sac``, ``lerobot.policies.sac``) is built and *updated* from the demonstrations'
   transitions ``(s, a, r, s', done)`` with the same sparse reward (:meth:`SACPolicy.update`: the
   critic step, then the actor and temperature steps, then the target critics' soft update, each with
@@ -63,10 +65,13 @@ from tutorial_utils.policies.lerobot import CAMERA_NAMES, LeRobotPolicy
 #: What has run of each family, quoted by the trainer's refusal and the zoo's messages.
 TDMPC_WHAT_RAN = (
     "TD-MPC has run here as a smoke test (2 optimisation steps on a 24-frame synthetic source, then a save, "
-    "reload and served chunk) and once for real: trained offline by the project's trainer on one libero_spatial "
+    "reload and served chunk) and twice for real: trained offline by the project's trainer on one libero_spatial "
     "task's recorded demonstrations, with the sparse reward of the step where LIBERO's goal predicate became "
     "true, and evaluated in LIBERO like every other family (chapter 9's positive control, "
-    "logs/positive_control_tdmpc_cpu.json). It has not been trained online"
+    "logs/positive_control_tdmpc_cpu.json: its plans succeeded in no episode); then with bc_coeff 1.0, an "
+    "imitation term that trains the encoder, its policy head served alone (use_mpc off) and evaluated on the "
+    "same episodes (logs/tdmpc_bc_eval_results.json), a behaviour-cloning result, not a planning one. It has "
+    "not been trained online"
 )
 SAC_WHAT_RAN = (
     "SAC has run here only as a smoke test: 2 update steps (SACPolicy.update: critic, actor, temperature) on a "
@@ -351,7 +356,9 @@ class TDMPCPolicy(_ClosedLoop, LeRobotPolicy):
         "group": "reinforcement learning",
         "scenario": "model-based control: a learned world model plans each action",
         "here": "trained offline on one task's recorded demonstrations (the simulator's success as a sparse "
-        "reward) and evaluated in LIBERO: the positive control below; never trained online",
+        "reward) and evaluated in LIBERO: the positive control below (its plans fail; with bc_coeff, an "
+        "imitation term that trains its encoder, its policy head alone succeeds in some episodes); never trained "
+        "online",
     }
 
     @property

@@ -90,6 +90,17 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "eval RUN --prefix vqbet_img96_eval_`",
     ),
     (
+        "*/vqbet_frozen_eval_*",
+        "the evaluate job on VQ-BeT trained with its camera encoder frozen at its initial weights "
+        "(`-p freeze_modules policy.vqbet.rgb_encoder`), then `python -m tutorial_utils promote eval RUN --prefix "
+        "vqbet_frozen_eval_`",
+    ),
+    (
+        "*/tdmpc_bc_eval_*",
+        "the evaluate job on TD-MPC trained with a behaviour-cloning term that reaches its encoder (`-p bc_coeff "
+        "1.0`), then `python -m tutorial_utils promote eval RUN --prefix tdmpc_bc_eval_`",
+    ),
+    (
         "logs/act_chunks_cpu.json",
         "the zoo job on ACT alone (the positive control's task and starts), then `python -m tutorial_utils zoo "
         "promote RUN --prefix act_chunks_cpu`",
