@@ -590,3 +590,24 @@ def test_vqbet_can_standardise_its_images_as_diffusion_policy_does(source):
         )
     assert 0.0 <= float(seen["identity"].min()) and float(seen["identity"].max()) <= 1.0  # pixels in [0, 1]
     assert float(seen["mean_std"].min()) < -1.0  # ImageNet's mean and std: dark pixels well below 0
+
+
+def test_vqbet_blind_to_its_state_gets_a_constant_state_and_its_actions_cannot_follow_the_arm(source):
+    """``use_state`` off: LeRobot's VQ-BeT still has its state input (it requires one) but receives
+    the same state whatever the arm does, in training batches and served requests alike."""
+    needs_lerobot()
+    import torch
+
+    from tutorial_utils.train.data import WindowDataset, collate, random_shift
+
+    torch.manual_seed(0)
+    blind = policies.make("vqbet", {**TINY["vqbet"], "use_state": False}, source.statistics)
+    torch.manual_seed(0)
+    seeing = policies.make("vqbet", {**TINY["vqbet"]}, source.statistics)
+    assert blind.uses_state and "use_state" not in blind.cfg.lerobot_kwargs()  # LeRobot's model reads a state
+    data = WindowDataset(blind.training_source(source), np.arange(4), blind.cfg.action_horizon, SIZE)
+    batch = random_shift(collate([data[i] for i in range(4)]), 0, torch.Generator())
+    other = {**batch, "observation.state": batch["observation.state"] + 1.0}
+    state = "observation.state"
+    assert torch.equal(blind._lerobot_batch(batch, False)[state], blind._lerobot_batch(other, False)[state])
+    assert not torch.equal(seeing._lerobot_batch(batch, False)[state], seeing._lerobot_batch(other, False)[state])

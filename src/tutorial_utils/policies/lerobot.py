@@ -367,6 +367,12 @@ class VQBeTConfig:
         "with ImageNet's per-channel mean and std, as LeRobot's Diffusion Policy does)",
         "model",
     )
+    use_state: bool = param(
+        True,
+        "feed the robot state to the model as well as the camera. False: LeRobot's VQ-BeT, which requires a state "
+        "input, gets zeros in training and when served, so the policy cannot steer by its own arm pose alone",
+        "model",
+    )
 
     @property
     def action_horizon(self) -> int:
@@ -395,7 +401,7 @@ class VQBeTConfig:
 
     def lerobot_kwargs(self) -> dict:
         out = {
-            **_same_names(self, skip=("image_size", "camera", "crop_ratio", "image_normalization")),
+            **_same_names(self, skip=("image_size", "camera", "crop_ratio", "image_normalization", "use_state")),
             "n_action_pred_token": 1,  # see action_horizon
             "gpt_input_dim": self.gpt_hidden_dim,
             "gpt_output_dim": self.gpt_hidden_dim,
@@ -668,6 +674,8 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
             raise ObservationError(
                 f"feature {BATCH_STATE}: expected (B, {STATE_DIM}) or (B, T, {STATE_DIM}), got {tuple(state.shape)}"
             )
+        if not getattr(self.cfg, "use_state", True):  # blind to the arm's pose: a constant state (VQ-BeT)
+            state = torch.zeros_like(state)
         out[BATCH_STATE] = self._frames(state, BATCH_STATE, t)
         for key in (*self.cameras, BATCH_STATE):  # LeRobot's dataset masks; its processors pass them through
             pad = batch.get(key + PAD_SUFFIX)
@@ -989,6 +997,11 @@ class VQBeTPolicy(LeRobotPolicy):
     #: the zoo's timing: its first steps fit the VQ-VAE on actions alone (no images, milliseconds);
     #: its GPT phase is what most of its steps cost
     timing_overrides = {"n_vqvae_training_steps": 1}
+
+    @property
+    def uses_state(self) -> bool:
+        """LeRobot's VQ-BeT always reads ``observation.state``; ``use_state`` off feeds it zeros."""
+        return True
 
     def __init__(self, cfg: Any = None, statistics: Mapping[str, Any] | None = None):
         super().__init__(cfg, statistics)
