@@ -96,6 +96,11 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "vqbet_frozen_eval_`",
     ),
     (
+        "*/vqbet_blind_eval_*",
+        "the evaluate job on VQ-BeT trained blind to its state (`-p use_state false`), then `python -m "
+        "tutorial_utils promote eval RUN --prefix vqbet_blind_eval_`",
+    ),
+    (
         "*/tdmpc_bc_eval_*",
         "the evaluate job on TD-MPC trained with a behaviour-cloning term that reaches its encoder (`-p bc_coeff "
         "1.0`), then `python -m tutorial_utils promote eval RUN --prefix tdmpc_bc_eval_`",
