@@ -269,11 +269,11 @@ def probe_series(
             first = (cfg["family"], cfg.get("policy"))
             untrained = [r for r in probes[0]["results"] if r["label"].startswith("untrained")]
     probes.sort(key=lambda d: d["checkpoint_step"] if d["checkpoint_step"] is not None else -1)
-    config = read_checkpoint_config(checkpoints[0])
+    family, policy_config = first
     return {
         "kind": "probe_series",
-        "family": config["family"],
-        "first_phase_steps": policies.first_phase_steps(config["family"], config.get("policy") or {}),
+        "family": family,
+        "first_phase_steps": policies.first_phase_steps(family, policy_config or {}),
         "probes": probes,
     }
 

@@ -370,7 +370,8 @@ class VQBeTConfig:
     use_state: bool = param(
         True,
         "feed the robot state to the model as well as the camera. False: LeRobot's VQ-BeT, which requires a state "
-        "input, gets zeros in training and when served, so the policy cannot steer by its own arm pose alone",
+        "input, gets the same state (zeros, then normalised) in training and when served, so the policy cannot "
+        "steer by its own arm pose alone",
         "model",
     )
 

@@ -395,10 +395,8 @@ class TDMPCPolicy(_ClosedLoop, LeRobotPolicy):
         """The behaviour-cloning term of ``bc_coeff``: mean squared error of pi(encode(o_t)) against
         the demonstrated action a_t (both in LeRobot's normalised units), over the windows whose
         first frame and action are real (not padding); gradients reach the encoder."""
-        from lerobot.utils.constants import OBS_IMAGE
-
         m = self.policy.model
-        z = m.encode({OBS_IMAGE: lb[OBS_IMAGE][:, 0], BATCH_STATE: lb[BATCH_STATE][:, 0]})
+        z = m.encode(self._current_observation(lb))
         err = ((m.pi(z) - lb[BATCH_ACTION][:, 0]) ** 2).mean(dim=-1)
         real = (~lb[STATE_IS_PAD][:, 0] & ~lb[BATCH_ACTION_IS_PAD][:, 0]).float()
         return (err * real).sum() / real.sum().clamp(min=1.0)
@@ -409,12 +407,9 @@ class TDMPCPolicy(_ClosedLoop, LeRobotPolicy):
         latent of each window's first frame ``z`` (B, latent_dim), the rewards its latent rollout
         predicts under the demonstrated actions ``reward_pred`` beside the recorded ``reward`` (B,
         horizon) and ``reward_is_pad``, and ``value`` V(z) (B,) (``evaluate.latent`` reads them)."""
-        from lerobot.utils.constants import OBS_IMAGE
-
         lb = self._training_batch(batch)
         m = self.policy.model
-        obs = {OBS_IMAGE: lb[OBS_IMAGE][:, 0], BATCH_STATE: lb[BATCH_STATE][:, 0]}
-        z = m.encode(obs)
+        z = m.encode(self._current_observation(lb))
         preds, zt = [], z
         for t in range(lb[BATCH_ACTION].shape[1]):
             zt, r = m.latent_dynamics_and_reward(zt, lb[BATCH_ACTION][:, t])
@@ -426,6 +421,13 @@ class TDMPCPolicy(_ClosedLoop, LeRobotPolicy):
             "reward_is_pad": lb[REWARD_IS_PAD],
             "value": m.V(z),
         }
+
+    @staticmethod
+    def _current_observation(lb: Mapping[str, Any]) -> dict:
+        """The first frame of each training window, as TD-MPC's encoder reads it."""
+        from lerobot.utils.constants import OBS_IMAGE
+
+        return {OBS_IMAGE: lb[OBS_IMAGE][:, 0], BATCH_STATE: lb[BATCH_STATE][:, 0]}
 
     def _training_batch(self, batch: Mapping[str, Any]) -> dict:
         """A batch of :class:`DemonstrationWindows` in LeRobot's keys, through its preprocessor."""

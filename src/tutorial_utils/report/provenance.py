@@ -339,7 +339,6 @@ class Provenance:
         for n in names:
             groups.setdefault(line(n), []).append(Path(_split(n)[1]).name)
         self.groups = list(groups.items())
-        self.lines = [text for text, _ in self.groups]
 
     def _labels(self) -> list[str]:
         if len(self.groups) < 2:
