@@ -169,7 +169,7 @@ def test_bench_serving_fairness_quick_measures_a_good_client_under_a_flood():
 
 @pytest.mark.slow
 def test_bench_train_quick_reports_each_setting():
-    out = _last_json("bench_train.py", "--profile", "ci", "--steps", "6")
+    out = _last_json("bench_train.py", "--profile", "ci", "--steps", "6", "--thread-rows")
     assert out["bench"] == "train" and out["device"] == "cpu"
     rows = {r["row"]: r for r in out["rows"]}
     assert list(rows)[0] == "memory (reference)"
@@ -181,7 +181,26 @@ def test_bench_train_quick_reports_each_setting():
     assert rows["lerobot, auto workers, bf16"]["precision"] == "bf16"
     assert rows["lerobot, auto workers"]["precision"] == "fp32"
     assert rows["lerobot, auto workers, accum 2"]["grad_accum_steps"] == 2
+    for n in (1, 2):  # the thread rows ran with their torch threads, beside one worker
+        r = rows[f"lerobot, 1 worker, {n} thread{'s' if n > 1 else ''}"]
+        assert r["threads"] == n and r["num_workers"] == 1
     assert out["best_samples_per_s"] > 0 and out["best_row"] in rows
+
+
+@pytest.mark.slow
+def test_bench_train_breakdown_times_each_phase_and_variant_of_the_step():
+    out = _last_json("bench_train.py", "--breakdown", "--profile", "ci", "--quick", "--steps", "3", "--batch-size", "4")
+    assert out["bench"] == "train_breakdown"
+    rows = {r["row"]: r for r in out["rows"]}
+    assert list(rows)[0] == "default (torch threads)" and rows["default (torch threads)"]["vs_reference"] == 1.0
+    assert rows["1 thread"]["threads"] == 1 and rows["2 threads"]["threads"] == 2
+    for name, r in rows.items():
+        phases = r["phases_ms"]
+        assert set(phases) == {"augment", "forward", "backward", "grad norm", "optimiser", "ema"}, name
+        assert all(v > 0 for v in phases.values()), name
+        assert abs(sum(phases.values()) - r["ms_per_step"]) < 0.01 * r["ms_per_step"] + 0.01, name
+        assert r["op_kinds_ms"]["matrix products"] > 0 and r["op_kinds_ms"]["convolution"] > 0, name
+        assert r["top_ops_ms"], name
 
 
 #: what the GPU machine of the device tool lacks (bench_gpu_train.py must run without them)

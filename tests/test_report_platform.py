@@ -128,3 +128,91 @@ def test_serving_starts_the_server_with_serve_configs_options(tmp_path, monkeypa
     assert args[0] == "serve"
     got = params.parse_cli(ServeConfig, args[1:], "serve", "test")
     assert got == ServeConfig(policy="mlp", checkpoint=str(tmp_path / "bundle"), port=8123)
+
+
+def _bench_row(name, threads, phases, warmup_s=0.5, kinds=None):
+    total = sum(phases.values())
+    return {
+        "row": name,
+        "threads": threads,
+        "ms_per_step": total,
+        "phases_ms": phases,
+        "op_kinds_ms": kinds or {"other": 10.0, "matrix products": 6.0, "convolution": 4.0},
+        "warmup_s": warmup_s,
+    }
+
+
+def _breakdown():
+    base = {"augment": 2.0, "forward": 40.0, "backward": 40.0, "grad norm": 3.0, "optimiser": 10.0, "ema": 5.0}
+    rows = [
+        _bench_row("default (torch threads)", 2, base),
+        _bench_row("1 thread", 1, {k: 2 * v for k, v in base.items()}),
+        _bench_row("compiled", 2, {**base, "forward": 20.0, "backward": 30.0}, warmup_s=70.0),
+    ]
+    for r in rows:
+        r["vs_reference"] = rows[0]["ms_per_step"] / r["ms_per_step"]
+    return {"batch_size": 32, "rows": rows}
+
+
+def test_speed_findings_read_the_shares_and_each_variant_against_the_default():
+    bd = _breakdown()
+    loop = {
+        "rows": [
+            {
+                "row": "memory (reference)",
+                "samples_per_s": 200.0,
+                "threads": 1,
+                "data_wait_share": 0.1,
+                "vs_reference": 1.0,
+            },
+            {
+                "row": "lerobot, 1 worker",
+                "samples_per_s": 220.0,
+                "threads": 1,
+                "data_wait_share": 0.03,
+                "vs_reference": 1.1,
+            },
+            {"row": "lerobot, 1 worker, 1 thread", "samples_per_s": 220.0, "threads": 1, "data_wait_share": 0.03},
+            {"row": "lerobot, 1 worker, 2 threads", "samples_per_s": 231.0, "threads": 2, "data_wait_share": 0.03},
+        ]
+    }
+    lines = pf.speed_findings(bd, loop)
+    assert lines[0] == (
+        "default step (2 torch threads): 100 ms; forward and backward 80% of it, augmentation, gradient norm, "
+        "optimiser and EMA the other 20%"
+    )
+    assert "matrix products 30%, convolution 20%" in lines[1] and "everything else" in lines[1] and "50%" in lines[1]
+    assert lines[2] == "1 thread: 200 ms per step, 0.50x the default's speed"
+    assert lines[3] == "compiled: 70 ms per step, 1.43x the default's speed after 70 s of first steps (compiling)"
+    assert "1 worker (torch threads 1): 220 samples/s, waiting for data 3%" in lines[4]
+    assert lines[5] == "beside one loader worker: 1 torch thread 220 samples/s, 2 threads 231 (1.05x)"
+    table = pf.breakdown_table(bd)
+    assert list(table.index) == ["default (torch threads)", "1 thread", "compiled"]
+    assert table.loc["compiled", "forward ms"] == 20.0 and table.loc["1 thread", "speed vs default"] == 0.5
+    assert len(pf.breakdown_figure(bd).get_axes()[0].patches) == 3 * 6
+
+
+def test_compile_findings_compare_the_steady_speed_and_project_the_saving_with_the_compile_paid():
+    def run(ms_per_step, first_s):
+        # 100 steps of warm-up in one row, then 4 rows of 100 steps at the steady rate (batch 10)
+        rows = [{"step": 100, "loss": 1.0, "samples_per_s": 100 * 10 / first_s, "data_wait_share": 0.0}]
+        rows += [
+            {"step": s, "loss": 1.0, "samples_per_s": 10 / (ms_per_step / 1000), "data_wait_share": 0.0}
+            for s in (200, 300, 400, 500)
+        ]
+        summary = {
+            "steps_done": 500,
+            "batch_size": 10,
+            "wall_s": first_s + 0.4 * ms_per_step,
+            "best": {"val_action_mae": 0.05},
+        }
+        return summary, rows
+
+    lines = pf.compile_findings({"eager": run(100.0, 10.0), "compiled": run(80.0, 70.0)}, 100, project_steps=10100)
+    assert "1000 samples/s after step 100" not in lines[0] and "100 samples/s after step 100" in lines[0]
+    assert "125 samples/s" in lines[1] and "(the first 100 steps: 70 s)" in lines[1]
+    assert lines[2] == "compiled: 1.25x the eager speed after the first steps"
+    # 10000 steps x 20 ms = 200 s saved, minus 60 s more of compile: 140 s = 2.3 min
+    assert (
+        lines[3] == "over 10100 steps at these rates the compiled run would save about 2.3 min (its compile included)"
+    )

@@ -52,6 +52,17 @@ def test_stats_and_timings_figures():
     assert fig.get_axes()[0].get_xscale() == "log"
 
 
+def test_stacked_figure_splits_each_bar_into_its_parts_and_labels_the_total():
+    fig = plots.stacked_figure(
+        {"default": {"forward": 3.0, "backward": 5.0}, "1 thread": {"forward": 2.0, "backward": 4.0}}
+    )
+    ax = fig.get_axes()[0]
+    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
+    assert widths == [2.0, 3.0, 4.0, 5.0]  # one segment per part and row
+    assert [t.get_text().strip() for t in ax.texts] == ["8 ms", "6 ms"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["forward", "backward"]
+
+
 def _shown(monkeypatch):
     import IPython.display
 

@@ -185,6 +185,15 @@ def test_an_expert_evaluation_says_it_learned_from_no_data(copies):
     assert line.startswith("Run eval-expert, no training data (the scripted expert), commit")
 
 
+def test_a_benchmark_says_it_is_one_and_what_data_it_made(copies):
+    (copies / "logs" / "bench_x.json").write_text(json.dumps({"bench": "x"}))
+    stamp = provenance.stamp(None, stage="bench", no_dataset="a generated dataset")
+    provenance.write_stamps({"logs/bench_x.json": stamp}, reference=True)
+    line = provenance.line("logs/bench_x.json")
+    assert line.startswith(f"Benchmark ({stamp['date']}), a generated dataset, commit"), line
+    assert "not recorded" not in line
+
+
 def test_promote_train_by_hand_stamps_its_files_with_the_run_and_its_dataset(copies, tmp_path, monkeypatch):
     """``python -m tutorial_utils promote train RUN``: the promoted files carry the run and the
     dataset it learned from, as the pipeline's and the zoo's promotions do (no stamping by hand)."""

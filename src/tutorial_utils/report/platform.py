@@ -10,7 +10,11 @@ run the book's CLI in a background process while the kernel watches and steers i
 - :func:`finish`: wait for a background process and return its exit code;
 - :func:`tampered_copy`: a copy of a bundle with one byte changed, to show ``verify`` catching it;
 - :func:`openpi_observation`: one observation of a batch in the openpi LIBERO request keys;
-- :func:`serving`: ``python -m tutorial_utils serve`` on a bundle, for a ``with`` block.
+- :func:`serving`: ``python -m tutorial_utils serve`` on a bundle, for a ``with`` block;
+- :func:`breakdown_table`, :func:`breakdown_figure`, :func:`speed_findings`: what
+  ``benchmarks/bench_train.py`` measured (``--breakdown`` and the loader rows), as a table, a
+  figure and sentences with the numbers; :func:`compile_findings`: the same training with and
+  without ``torch_compile``, from the two runs' summaries and metrics.
 
 Everything heavy (torch, the policy) runs in the child processes; this module imports nothing heavy.
 """
@@ -227,3 +231,118 @@ __all__ = [
     "tampered_copy",
     "wait_for_step",
 ]
+
+
+# --- where a training step's time goes (benchmarks/bench_train.py) ---------------------------------
+
+
+def breakdown_table(breakdown: Mapping[str, Any]):
+    """One row per variant of the step: threads, ms per step, speed against the default, the
+    phases' ms (a ``bench_train.py --breakdown`` JSON)."""
+    import pandas as pd
+
+    rows = {}
+    for r in breakdown["rows"]:
+        rows[r["row"]] = {
+            "threads": r["threads"],
+            "ms per step": round(r["ms_per_step"], 1),
+            "speed vs default": round(r["vs_reference"], 2),
+            **{f"{k} ms": round(v, 1) for k, v in r["phases_ms"].items()},
+            "first steps s": round(r["warmup_s"], 1),
+        }
+    return pd.DataFrame(rows).T
+
+
+def breakdown_figure(breakdown: Mapping[str, Any]):
+    """Each variant's step as one bar split into its phases."""
+    from tutorial_utils.report.plots import stacked_figure
+
+    return stacked_figure(
+        {r["row"]: r["phases_ms"] for r in breakdown["rows"]},
+        unit="ms",
+        title=f"one training step, batch {breakdown['batch_size']}, data in memory (bench_train.py --breakdown)",
+    )
+
+
+def _row(bench: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+    return next((r for r in bench["rows"] if r["row"] == name), None)
+
+
+def speed_findings(breakdown: Mapping[str, Any], loop: Mapping[str, Any] | None = None) -> list[str]:
+    """Sentences with the numbers of the two bench runs: where the default step's time goes, what
+    each variant changes, and in the loader rows what one worker and the threads beside it do."""
+    ref = breakdown["rows"][0]
+    total = ref["ms_per_step"]
+    ph = ref["phases_ms"]
+    model = ph["forward"] + ph["backward"]
+    kinds = ref["op_kinds_ms"]
+    named = {k: v for k, v in kinds.items() if k != "other"}
+    ops = sum(kinds.values()) or 1.0
+    out = [
+        f"default step ({ref['threads']} torch threads): {total:.0f} ms; forward and backward "
+        f"{100 * model / total:.0f}% of it, augmentation, gradient norm, optimiser and EMA the other "
+        f"{100 * (total - model) / total:.0f}%",
+        "operators' own time: "
+        + ", ".join(f"{k} {100 * v / ops:.0f}%" for k, v in named.items())
+        + f", everything else (element-wise, copies, norms of the transformer) {100 * kinds.get('other', 0) / ops:.0f}%",
+    ]
+    for r in breakdown["rows"][1:]:
+        out.append(
+            f"{r['row']}: {r['ms_per_step']:.0f} ms per step, {r['vs_reference']:.2f}x the default's speed"
+            + (f" after {r['warmup_s']:.0f} s of first steps (compiling)" if r["row"] == "compiled" else "")
+        )
+    if loop:
+        ref_loop = loop["rows"][0]
+        for name in ("lerobot, 0 workers", "lerobot, 1 worker"):
+            r = _row(loop, name)
+            if r:
+                out.append(
+                    f"real loader, {name.split(', ', 1)[1]} (torch threads {r['threads']}): "
+                    f"{r['samples_per_s']:.0f} samples/s, waiting for data {100 * r['data_wait_share']:.0f}% "
+                    f"of the step ({r['vs_reference']:.2f}x the in-memory reference's {ref_loop['samples_per_s']:.0f})"
+                )
+        one, two = _row(loop, "lerobot, 1 worker, 1 thread"), _row(loop, "lerobot, 1 worker, 2 threads")
+        if one and two:
+            out.append(
+                f"beside one loader worker: 1 torch thread {one['samples_per_s']:.0f} samples/s, 2 threads "
+                f"{two['samples_per_s']:.0f} ({two['samples_per_s'] / one['samples_per_s']:.2f}x)"
+            )
+    return out
+
+
+def compile_findings(
+    runs: Mapping[str, tuple[Mapping[str, Any], list[dict]]], warmup_steps: int = 100, project_steps: int = 0
+) -> list[str]:
+    """``{label: (summary.json, metrics.jsonl rows)}`` of trainings that differ only in
+    ``torch_compile`` (the compiled one labelled ``compiled``): each run's wall time, its speed
+    after ``warmup_steps`` and its best validation error; and, with ``project_steps``, what the
+    measured difference comes to over that many steps (compile time included)."""
+    from tutorial_utils.train.speed import steady_throughput
+
+    got = {}
+    out = []
+    for label, (summary, rows) in runs.items():
+        batch = int(summary["batch_size"]) * int(summary.get("grad_accum_steps") or 1)
+        steady = steady_throughput(rows, batch, warmup_steps)
+        got[label] = steady
+        best = summary.get("best") or {}
+        out.append(
+            f"{label}: {summary['steps_done']} steps x {summary['batch_size']} in {summary['wall_s'] / 60:.1f} min; "
+            f"{steady['samples_per_s']:.0f} samples/s after step {warmup_steps} "
+            f"(the first {warmup_steps} steps: {steady['warmup_s']:.0f} s); best validation action error "
+            f"{best.get('val_action_mae', float('nan')):.3f}"
+        )
+    if "compiled" in got and len(got) == 2:
+        eager = next(v for k, v in got.items() if k != "compiled")
+        comp = got["compiled"]
+        out.append(
+            f"compiled: {comp['samples_per_s'] / eager['samples_per_s']:.2f}x the eager speed after the first steps"
+        )
+        if project_steps:
+            saved = (project_steps - warmup_steps) * (eager["ms_per_step"] - comp["ms_per_step"]) / 1000.0
+            saved -= comp["warmup_s"] - eager["warmup_s"]
+            out.append(
+                f"over {project_steps} steps at these rates the compiled run would "
+                f"{'save' if saved >= 0 else 'lose'} about {abs(saved) / 60:.1f} min (its compile included)"
+            )
+    return out

@@ -133,4 +133,34 @@ def timings_figure(
     return fig
 
 
-__all__ = ["traces_figure", "episode_figure", "stats_figure", "timings_figure"]
+def stacked_figure(
+    rows: Mapping[str, Mapping[str, float]],
+    unit: str = "ms",
+    title: str | None = None,
+    figsize: tuple[float, float] = (7, 2.6),
+):
+    """One horizontal bar per row, split into its named parts (the same parts, in the same order,
+    in every row), each bar labelled with its total: where the time of each variant goes."""
+    import matplotlib.pyplot as plt
+
+    labels = list(rows)
+    parts = list(next(iter(rows.values()))) if rows else []
+    fig, ax = plt.subplots(figsize=figsize, layout="constrained")
+    left = np.zeros(len(labels))
+    colors = plt.get_cmap("tab10").colors
+    for i, part in enumerate(parts):
+        values = np.asarray([float(rows[label].get(part, 0.0)) for label in labels])
+        ax.barh(labels, values, left=left, color=colors[i % len(colors)], label=part)
+        left += values
+    for y, total in enumerate(left):
+        ax.text(total, y, f" {total:.3g} {unit}", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, left.max() * 1.18 if len(left) else 1)
+    ax.set_xlabel(unit)
+    ax.legend(fontsize=8, ncols=min(len(parts), 6), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10, pad=24)
+    return fig
+
+
+__all__ = ["traces_figure", "episode_figure", "stats_figure", "timings_figure", "stacked_figure"]

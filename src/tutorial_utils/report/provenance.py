@@ -302,7 +302,10 @@ def line(name: str | os.PathLike) -> str:
     libero_spatial_..._lerobot (48 episodes, fingerprint 1a2b3c4d5e6f), commit 3144c8b; the
     reference run shipped with the book.``"""
     m = info(name)
-    parts = [f"Run {m.get('run_id', 'not recorded')}" + (f" ({m['date']})" if m.get("date") else "")]
+    head = (
+        "Benchmark" if m.get("stage") == "bench" and not m.get("run_id") else f"Run {m.get('run_id', 'not recorded')}"
+    )
+    parts = [head + (f" ({m['date']})" if m.get("date") else "")]
     if m.get("dataset"):
         ds = f"dataset {m['dataset']}"
         n = m.get("episodes")

@@ -101,6 +101,11 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "tutorial_utils promote eval RUN --prefix vqbet_blind_eval_`",
     ),
     (
+        "*/vqbet_blind3x_eval_*",
+        "the evaluate job on VQ-BeT trained blind to its state for three times the control's steps (`-p use_state "
+        "false -p steps 4449`), then `python -m tutorial_utils promote eval RUN --prefix vqbet_blind3x_eval_`",
+    ),
+    (
         "*/tdmpc_bc_eval_*",
         "the evaluate job on TD-MPC trained with a behaviour-cloning term that reaches its encoder (`-p bc_coeff "
         "1.0`), then `python -m tutorial_utils promote eval RUN --prefix tdmpc_bc_eval_`",
@@ -137,6 +142,16 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
     ("logs/sweep_*.json", "the sweep job (`notebooks/jobs/sweep.md`), then `python -m tutorial_utils zoo promote RUN`"),
     ("logs/expert_*.json", "`python -m tutorial_utils expert` (the scripted expert's success table and one trace)"),
     ("logs/record_bench_render.json", "`benchmarks/bench_render.py` (render profiles)"),
+    (
+        "logs/bench_train_breakdown_cpu.json",
+        "`benchmarks/bench_train.py --breakdown --batch-size 32 --steps 30 --compile` (a training step's phases)",
+    ),
+    ("logs/bench_train_cpu.json", "`benchmarks/bench_train.py --batch-size 32 --thread-rows` (the loader's settings)"),
+    (
+        "logs/compile_*_train_*",
+        "the train job in the `cpu` profile with `-p steps 1500 -p save_freq 0 -p eval_freq 500 -p torch_compile "
+        "false|true`, then `python -m tutorial_utils promote train RUN --prefix compile_off_train_|compile_on_train_`",
+    ),
     ("assets/record_render_profiles.png", "`benchmarks/bench_render.py` (render profiles)"),
     ("assets/*.svg", "drawn by hand (each SVG says so in its first lines)"),
     ("assets/book.css", "the book's style sheet, by hand"),
