@@ -137,7 +137,7 @@ def stacked_figure(
     rows: Mapping[str, Mapping[str, float]],
     unit: str = "ms",
     title: str | None = None,
-    figsize: tuple[float, float] = (7, 2.6),
+    figsize: tuple[float, float] = (7, 3.0),
 ):
     """One horizontal bar per row, split into its named parts (the same parts, in the same order,
     in every row), each bar labelled with its total: where the time of each variant goes."""
@@ -157,9 +157,9 @@ def stacked_figure(
     ax.invert_yaxis()
     ax.set_xlim(0, left.max() * 1.18 if len(left) else 1)
     ax.set_xlabel(unit)
-    ax.legend(fontsize=8, ncols=min(len(parts), 6), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
+    ax.legend(fontsize=8, ncols=min(len(parts), 3), loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     if title:
-        ax.set_title(title, fontsize=10, pad=24)
+        ax.set_title(title, fontsize=10, pad=12 + 12 * ((len(parts) + 2) // 3))
     return fig
 
 
