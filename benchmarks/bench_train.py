@@ -226,8 +226,10 @@ def breakdown_row(name, source, out: Path, steps: int, batch: int, model: dict, 
                         phases[k] += z - a
             prof.__exit__(None, None, None)
             for ev in prof.key_averages():
-                kinds[op_kind(ev.key)] = kinds.get(op_kind(ev.key), 0.0) + ev.self_cpu_time_total / 1e3 / 5
-                top[ev.key] = ev.self_cpu_time_total / 1e3 / 5
+                ms = ev.self_cpu_time_total / 1e3 / 5
+                kind = op_kind(ev.key)
+                kinds[kind] = kinds.get(kind, 0.0) + ms
+                top[ev.key] = ms
             threads_used = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
