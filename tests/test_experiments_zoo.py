@@ -274,6 +274,30 @@ def test_side_by_side_sets_two_budgets_of_the_same_families_beside_each_other():
     assert df.loc["mini", ("16 min", "success")] == "17/20 (85%)" and df.loc["act", ("8 min", "steps")] == 50
 
 
+def test_one_family_sets_its_runs_from_several_zoos_side_by_side_with_their_curves():
+    def row(fam, k):
+        return {"family": fam, "successes": k, "episodes": 20, "success_rate": k / 20, "ci95_low": 0.1,
+                "ci95_high": 0.9, "steps": 100, "best_val_action_mae": 0.05, "train_min": 8.0}  # fmt: skip
+
+    short = {"config": {"train_minutes": 16.0}, "rows": [row("mini", 14), row("act", 15)],
+             "curves": {"act": {"val": [[50, 0.2], [100, 0.1]]}, "mini": {"val": [[100, 0.3]]}}}  # fmt: skip
+    long = {"config": {"train_minutes": 32.0}, "rows": [row("act", 18)], "curves": {"act": {"val": [[100, 0.05]]}}}
+    both = zoo_tables.one_family({"16 min": short, "32 min": long}, "act")
+    assert [r["label"] for r in both["rows"]] == ["act, 16 min", "act, 32 min"]
+    assert both["curves"]["act, 16 min"]["val"][-1] == [100, 0.1] and both["config"]["train_minutes"] == 32.0
+    df = zoo_tables.controls(both)
+    assert list(df.index) == ["act, 16 min", "act, 32 min"] and df.loc["act, 32 min", "val_best"] == 0.05
+    assert zoo_tables.intervals_overlap(both["rows"][0], both["rows"][1])
+    assert not zoo_tables.intervals_overlap({"ci95_low": 0.1, "ci95_high": 0.3}, {"ci95_low": 0.4, "ci95_high": 0.9})
+    merged = zoo_tables.merge([{**short, "rows": short["rows"][:1]}, long])
+    assert [r["family"] for r in merged["rows"]] == ["mini", "act"] and merged["curves"]["act"]["val"] == [[100, 0.05]]
+    assert merged["config"]["train_minutes"] == 16.0
+    with pytest.raises(ValueError, match="both have a 'act' row"):
+        zoo_tables.merge([short, long])
+    with pytest.raises(KeyError, match="'32 min' has no 'mini' row"):
+        zoo_tables.one_family({"16 min": short, "32 min": long}, "mini")
+
+
 def test_the_zoo_waits_for_a_quiet_machine_before_timing_a_family(monkeypatch):
     loads = iter([1.9, 1.9, 1.4, 0.8, 0.8, 0.8])
     monkeypatch.setattr(budget.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))

@@ -303,6 +303,45 @@ def rollouts(zoo: dict[str, Any], find=None) -> list[tuple[Path, str]]:
     return out
 
 
+def intervals_overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two rows' 95% success intervals (``ci95_low``, ``ci95_high``) overlap: if they do, the
+    two success rates are not told apart by these episodes."""
+    return a["ci95_high"] >= b["ci95_low"] and b["ci95_high"] >= a["ci95_low"]
+
+
+def merge(zoos: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several zoos of different families (one family per zoo run, each with its own budget) as one
+    zoo: their rows and curves together, the first zoo's config. Two zoos with the same row label
+    cannot be merged this way (:func:`one_family` labels a family's runs apart)."""
+    out: dict[str, Any] = {**zoos[0], "rows": [], "curves": {}}
+    for z in zoos:
+        for r in z["rows"]:
+            label = row_label(r)
+            if label in out["curves"] or any(row_label(q) == label for q in out["rows"]):
+                raise ValueError(f"two zoos both have a {label!r} row: use one_family to set them side by side")
+            out["rows"].append(r)
+            out["curves"][label] = z.get("curves", {}).get(label, {})
+    return out
+
+
+def one_family(zoos: dict[str, dict[str, Any]], family: str) -> dict[str, Any]:
+    """One family's rows from several zoos (``{"16 min": zoo, "32 min": other}``) as one zoo, each row
+    and its curves labelled ``"family, name"``, so :func:`controls`, :func:`figure` and
+    :func:`rollouts` show the runs beside each other. The config is the last zoo's."""
+    out: dict[str, Any] = {**list(zoos.values())[-1], "rows": [], "curves": {}}
+    for name, z in zoos.items():
+        rows = [r for r in z["rows"] if r["family"] == family]
+        if not rows:
+            raise KeyError(
+                f"zoo {name!r} has no {family!r} row (its families: {', '.join(r['family'] for r in z['rows'])})"
+            )
+        for r in rows:
+            label = f"{family}, {name}"
+            out["rows"].append({**r, "label": label})
+            out["curves"][label] = z.get("curves", {}).get(row_label(r), {})
+    return out
+
+
 def side_by_side(zoos: dict[str, dict[str, Any]]):
     """The same families in several zoos (``{"8 min": zoo, "16 min": other}``), one row per family
     that every zoo has, as a pandas DataFrame: each zoo's success with its interval, steps and best
