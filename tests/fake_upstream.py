@@ -58,7 +58,7 @@ def _record(name):
     out = root / ".fake_records"
     out.mkdir(exist_ok=True)
     data = {{"argv": _sys.argv, "cwd": _os.getcwd(), "env": {{k: _os.environ.get(k) for k in keys}},
-             "python": _sys.executable}}
+             "python": _sys.executable, "pid": _os.getpid()}}
     (out / f"{{name}}.json").write_text(_json.dumps(data, indent=2))
 """
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -521,6 +522,22 @@ def test_chapter7_commands_sh_runs_as_printed(world, tmp_path, monkeypatch, run_
     assert ev["env"]["FAKE_ENV"] == "libero" and ev["env"]["LIBERO_CONFIG_PATH"] == str(run_dir / "libero_config")
     assert "Total episodes" in _log(rcfg, C.eval_log_name("libero_spatial"))
     assert "server listening on" in _log(rcfg, C.SERVER_LOG)
+    # the script stops its server: on a GPU server one left behind holds the GPU and the port
+    assert _gone(fake_upstream.record(cfg.checkout, "server")["pid"]), "the policy server outlived commands.sh"
+
+
+def _gone(pid: int, wait_s: float = 10.0) -> bool:
+    """Whether process ``pid`` has ended (a zombie waiting for its reaper counts as ended)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def test_commands_sh_refuses_a_path_that_is_not_utf8(world):

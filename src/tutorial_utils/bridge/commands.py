@@ -291,7 +291,9 @@ class Command:
 
     def shell(self, background: bool = False, guard: str = "") -> str:
         """The step as shell lines: a subshell, so its ``cd`` and exports do not leak; ``background``
-        ends it with ``&``; ``guard`` is a shell condition the step runs under."""
+        ends it with ``&`` and ``exec``s the program, so that ``$!`` is the program itself and a
+        ``kill $!`` stops it (without ``exec`` it stops only the subshell and the program outlives the
+        script); ``guard`` is a shell condition the step runs under."""
         lines = [comment(f"step {self.step}: {self.title}" + (f" (log: {self.log})" if self.log else ""))]
         lines.append(f"if {guard}; then (" if guard else "(")
         if self.cwd:
@@ -299,7 +301,7 @@ class Command:
         if self.env:
             lines.append("  export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items()))
         args = [shlex.quote(a) for a in self.argv]
-        body = "  " + args[0]
+        body = "  " + ("exec " if background else "") + args[0]
         for a in args[1:]:
             body += (" \\\n    " if a.startswith("--") or a.endswith(".py") else " ") + a
         if self.log:
@@ -609,5 +611,5 @@ def parse_commands_sh(text: str) -> dict[str, Command]:
             words = shlex.split(line)
             if len(words) >= 3 and words[-1] == "2>&1" and words[-3] == ">":
                 current.log, words = words[-2], words[:-3]
-            current.argv = words
+            current.argv = words[1:] if words[:1] == ["exec"] else words  # a background step execs its program
     return out
