@@ -527,17 +527,16 @@ def test_chapter7_commands_sh_runs_as_printed(world, tmp_path, monkeypatch, run_
 
 
 def _gone(pid: int, wait_s: float = 10.0) -> bool:
-    """Whether process ``pid`` has ended (a zombie waiting for its reaper counts as ended)."""
+    """Whether process ``pid`` ends within ``wait_s`` (:func:`tutorial_utils.jobs.process.pid_alive`
+    counts a zombie waiting for its reaper as ended)."""
+    from tutorial_utils.jobs.process import pid_alive
+
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state == "Z":
-            return True
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.2)
-    return False
+    return True
 
 
 def test_commands_sh_refuses_a_path_that_is_not_utf8(world):
