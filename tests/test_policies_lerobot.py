@@ -611,3 +611,41 @@ def test_vqbet_blind_to_its_state_gets_a_constant_state_and_its_actions_cannot_f
     state = "observation.state"
     assert torch.equal(blind._lerobot_batch(batch, False)[state], blind._lerobot_batch(other, False)[state])
     assert not torch.equal(seeing._lerobot_batch(batch, False)[state], seeing._lerobot_batch(other, False)[state])
+
+
+def test_state_dropout_hides_the_state_of_some_training_samples_only(source):
+    """``state_dropout``: in training, that share of the samples get the blind constant of
+    ``use_state`` off (drawn from the step's generator, so a resumed step repeats); evaluation and
+    serving always see the state."""
+    needs_lerobot()
+    import torch
+
+    from tutorial_utils.policies.lerobot import VQBeTConfig
+    from tutorial_utils.train.data import WindowDataset, collate, random_shift
+
+    with pytest.raises(ConfigError, match=r"state_dropout=1.0 must be in \[0, 1\)"):
+        VQBeTConfig(**TINY["vqbet"], state_dropout=1.0).check()
+    with pytest.raises(ConfigError, match="with use_state=false: a blind policy has no state"):
+        VQBeTConfig(**TINY["vqbet"], use_state=False, state_dropout=0.5).check()
+    blind = policies.make("vqbet", {**TINY["vqbet"], "use_state": False}, source.statistics)
+    model = policies.make("vqbet", {**TINY["vqbet"], "state_dropout": 0.5}, source.statistics)
+    assert "state_dropout" not in model.cfg.lerobot_kwargs()
+    data = WindowDataset(model.training_source(source), np.arange(8), model.cfg.action_horizon, SIZE)
+    batch = random_shift(collate([data[i] for i in range(8)]), 0, torch.Generator())
+    model.train()
+    hide = model._state_dropout(batch, torch.Generator().manual_seed(3))
+    assert torch.equal(hide, model._state_dropout(batch, torch.Generator().manual_seed(3)))  # repeatable
+    assert 0 < int(hide.sum()) < len(hide)
+    state = "observation.state"
+    got = model._lerobot_batch(batch, True, hide_state=hide)[state]
+    shown = model._lerobot_batch(batch, True)[state]
+    dark = blind._lerobot_batch(batch, True)[state]
+    assert torch.equal(got[hide], dark[hide]) and torch.equal(got[~hide], shown[~hide])
+    assert not torch.equal(got[hide], shown[hide])
+    model.eval()
+    assert model._state_dropout(batch, torch.Generator()) is None  # evaluation and serving see the state
+    model.train()
+    assert torch.isfinite(model.loss(batch, torch.Generator().manual_seed(1))["total_loss"])
+    unchanged = policies.make("vqbet", {**TINY["vqbet"]}, source.statistics)
+    unchanged.train()
+    assert unchanged._state_dropout(batch, torch.Generator()) is None  # default 0: the state always there

@@ -105,6 +105,16 @@ def _check_common(cfg: Any) -> None:
         raise ConfigError(f"n_obs_steps={cfg.n_obs_steps} must be >= 1 (the current frame and the ones before it)")
     if cfg.vision_backbone not in _RESNETS:
         raise ConfigError(f"vision_backbone={cfg.vision_backbone!r}: LeRobot uses torchvision ResNets: {_RESNETS}")
+    drop = getattr(cfg, "state_dropout", 0.0)
+    if not 0.0 <= drop < 1.0:
+        raise ConfigError(
+            f"state_dropout={drop} must be in [0, 1): the share of training samples whose state is hidden "
+            "(1 would be use_state=false)"
+        )
+    if drop and not getattr(cfg, "use_state", True):
+        raise ConfigError(
+            f"state_dropout={drop} with use_state=false: a blind policy has no state to drop; set one of them"
+        )
 
 
 @dataclass
@@ -158,6 +168,12 @@ class ACTConfig:
         "dataset has it). False: cameras only, so the policy cannot steer by its own arm pose alone",
         "model",
     )
+    state_dropout: float = param(
+        0.0,
+        "share of training samples whose state is replaced by the blind constant of use_state=false (0: none). "
+        "The policy learns to act from its cameras on those samples and still gets its state when served",
+        "model",
+    )
 
     @property
     def action_horizon(self) -> int:
@@ -179,7 +195,7 @@ class ACTConfig:
             )
 
     def lerobot_kwargs(self) -> dict:
-        return _same_names(self, skip=("image_size", "use_state"))
+        return _same_names(self, skip=("image_size", "use_state", "state_dropout"))
 
 
 def _same_names(cfg: Any, skip: tuple[str, ...]) -> dict:
@@ -374,6 +390,12 @@ class VQBeTConfig:
         "steer by its own arm pose alone",
         "model",
     )
+    state_dropout: float = param(
+        0.0,
+        "share of training samples whose state is replaced by the blind constant of use_state=false (0: none). "
+        "The policy learns to act from its cameras on those samples and still gets its state when served",
+        "model",
+    )
 
     @property
     def action_horizon(self) -> int:
@@ -402,7 +424,9 @@ class VQBeTConfig:
 
     def lerobot_kwargs(self) -> dict:
         out = {
-            **_same_names(self, skip=("image_size", "camera", "crop_ratio", "image_normalization", "use_state")),
+            **_same_names(
+                self, skip=("image_size", "camera", "crop_ratio", "image_normalization", "use_state", "state_dropout")
+            ),
             "n_action_pred_token": 1,  # see action_horizon
             "gpt_input_dim": self.gpt_hidden_dim,
             "gpt_output_dim": self.gpt_hidden_dim,
@@ -645,8 +669,11 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
             self._processor_device = device
         return self._processors
 
-    def _lerobot_batch(self, batch: Mapping[str, Any], with_action: bool) -> dict:
-        """Our batch (LeRobot's key names; uint8 HWC or float CHW images) -> LeRobot's input, normalised."""
+    def _lerobot_batch(
+        self, batch: Mapping[str, Any], with_action: bool, hide_state: torch.Tensor | None = None
+    ) -> dict:
+        """Our batch (LeRobot's key names; uint8 HWC or float CHW images) -> LeRobot's input, normalised.
+        ``hide_state`` (B booleans): the samples whose state becomes the blind constant (``state_dropout``)."""
         out: dict[str, Any] = {}
         s = self.cfg.image_size
         t = self.n_obs_steps
@@ -677,6 +704,9 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
             )
         if not getattr(self.cfg, "use_state", True):  # blind to the arm's pose: a constant state (VQ-BeT)
             state = torch.zeros_like(state)
+        elif hide_state is not None:  # state dropout: those samples see what a blind policy sees
+            hide = hide_state.to(state.device).reshape(-1, *([1] * (state.ndim - 1)))
+            state = torch.where(hide, torch.zeros_like(state), state)
         out[BATCH_STATE] = self._frames(state, BATCH_STATE, t)
         for key in (*self.cameras, BATCH_STATE):  # LeRobot's dataset masks; its processors pass them through
             pad = batch.get(key + PAD_SUFFIX)
@@ -730,7 +760,9 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
         return self.loss(batch, generator)
 
     def loss(self, batch: Mapping[str, Any], generator=None) -> dict:
-        lb = self._training_batch(self._lerobot_batch(batch, with_action=True))
+        lb = self._training_batch(
+            self._lerobot_batch(batch, with_action=True, hide_state=self._state_dropout(batch, generator))
+        )
         with self._seeded(generator):
             loss, parts = self.policy.forward(lb)
         out = {"total_loss": loss}
@@ -743,6 +775,15 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
 
     def _training_batch(self, lb: dict) -> dict:
         return lb
+
+    def _state_dropout(self, batch: Mapping[str, Any], generator) -> torch.Tensor | None:
+        """Which samples of a training batch hide their state (``state_dropout`` of them, drawn from the
+        step's generator so a resumed run repeats); None when nothing is hidden (evaluation, or 0)."""
+        p = float(getattr(self.cfg, "state_dropout", 0.0))
+        if not self.training or p <= 0.0:
+            return None
+        n = len(batch[BATCH_STATE])
+        return torch.rand(n, generator=generator) < p
 
     @torch.no_grad()
     def predict(self, batch: Mapping[str, Any], generator=None) -> np.ndarray:

@@ -155,6 +155,11 @@ def train(
             f"policy {policy!r} with use_state=false: LeRobot's script feeds the model every feature the dataset "
             "has, the state included; train the cameras-only variant with our trainer"
         )
+    if getattr(model.cfg, "state_dropout", 0.0):
+        raise ConfigError(
+            f"policy {policy!r} with state_dropout={model.cfg.state_dropout}: LeRobot's script has no state "
+            "dropout; train that variant with our trainer (python -m tutorial_utils train ...)"
+        )
     side = int(source.image_shape[0] if source.image_shape[-1] == 3 else source.image_shape[-1])
     resize_to = None if side == model.image_size else int(model.image_size)
     out = Path(output_dir)
