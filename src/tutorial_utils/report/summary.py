@@ -106,6 +106,11 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "false -p steps 4449`), then `python -m tutorial_utils promote eval RUN --prefix vqbet_blind3x_eval_`",
     ),
     (
+        "*/vqbet_statedrop_eval_*",
+        "the evaluate job on VQ-BeT trained with its state hidden in half the training samples (`-p state_dropout "
+        "0.5 -p steps 4449`), then `python -m tutorial_utils promote eval RUN --prefix vqbet_statedrop_eval_`",
+    ),
+    (
         "*/tdmpc_bc_eval_*",
         "the evaluate job on TD-MPC trained with a behaviour-cloning term that reaches its encoder (`-p bc_coeff "
         "1.0`), then `python -m tutorial_utils promote eval RUN --prefix tdmpc_bc_eval_`",
