@@ -246,3 +246,5 @@ def test_lerobot_train_command_converts_trains_and_leaves_a_checkpoint_we_serve(
     assert diff < 4, diff  # the same pixels, up to the video codec
     with pytest.raises(ConfigError, match="use_state=false"):
         lerobot_loop.train(ours_root, tmp_path / "other", "act", steps=2, config={**tiny, "use_state": False})
+    with pytest.raises(ConfigError, match="state_dropout=0.5: LeRobot's script has no state dropout"):
+        lerobot_loop.train(ours_root, tmp_path / "other", "act", steps=2, config={**tiny, "state_dropout": 0.5})
