@@ -783,7 +783,8 @@ class LeRobotPolicy(nn.Module, TrainablePolicy):
         if not self.training or p <= 0.0:
             return None
         n = len(batch[BATCH_STATE])
-        return torch.rand(n, generator=generator) < p
+        device = generator.device if generator is not None else None  # a generator draws on its own device
+        return torch.rand(n, generator=generator, device=device) < p
 
     @torch.no_grad()
     def predict(self, batch: Mapping[str, Any], generator=None) -> np.ndarray:
