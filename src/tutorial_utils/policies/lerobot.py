@@ -95,6 +95,14 @@ _RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 # default can be raised on a GPU server with the same parameter.
 
 
+# the book's own knobs on a LeRobot family, which LeRobot's config does not have (kept out of lerobot_kwargs)
+_OURS = ("image_size", "use_state", "state_dropout")
+_STATE_DROPOUT_HELP = (
+    "share of training samples whose state is replaced by the blind constant of use_state=false (0: none). "
+    "The policy learns to act from its cameras on those samples and still gets its state when served"
+)
+
+
 def _check_common(cfg: Any) -> None:
     if cfg.image_size < 32:
         raise ConfigError(
@@ -168,12 +176,7 @@ class ACTConfig:
         "dataset has it). False: cameras only, so the policy cannot steer by its own arm pose alone",
         "model",
     )
-    state_dropout: float = param(
-        0.0,
-        "share of training samples whose state is replaced by the blind constant of use_state=false (0: none). "
-        "The policy learns to act from its cameras on those samples and still gets its state when served",
-        "model",
-    )
+    state_dropout: float = param(0.0, _STATE_DROPOUT_HELP, "model")
 
     @property
     def action_horizon(self) -> int:
@@ -195,7 +198,7 @@ class ACTConfig:
             )
 
     def lerobot_kwargs(self) -> dict:
-        return _same_names(self, skip=("image_size", "use_state", "state_dropout"))
+        return _same_names(self, skip=_OURS)
 
 
 def _same_names(cfg: Any, skip: tuple[str, ...]) -> dict:
@@ -390,12 +393,7 @@ class VQBeTConfig:
         "steer by its own arm pose alone",
         "model",
     )
-    state_dropout: float = param(
-        0.0,
-        "share of training samples whose state is replaced by the blind constant of use_state=false (0: none). "
-        "The policy learns to act from its cameras on those samples and still gets its state when served",
-        "model",
-    )
+    state_dropout: float = param(0.0, _STATE_DROPOUT_HELP, "model")
 
     @property
     def action_horizon(self) -> int:
@@ -424,9 +422,7 @@ class VQBeTConfig:
 
     def lerobot_kwargs(self) -> dict:
         out = {
-            **_same_names(
-                self, skip=("image_size", "camera", "crop_ratio", "image_normalization", "use_state", "state_dropout")
-            ),
+            **_same_names(self, skip=(*_OURS, "camera", "crop_ratio", "image_normalization")),
             "n_action_pred_token": 1,  # see action_horizon
             "gpt_input_dim": self.gpt_hidden_dim,
             "gpt_output_dim": self.gpt_hidden_dim,
