@@ -111,6 +111,12 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "0.5 -p steps 4449`), then `python -m tutorial_utils promote eval RUN --prefix vqbet_statedrop_eval_`",
     ),
     (
+        "*/vqbet_statedrop90_eval_*",
+        "the evaluate job on VQ-BeT trained with its state hidden in nine training samples in ten (`-p "
+        "state_dropout 0.9 -p steps 4449`), then `python -m tutorial_utils promote eval RUN --prefix "
+        "vqbet_statedrop90_eval_`",
+    ),
+    (
         "*/tdmpc_bc_eval_*",
         "the evaluate job on TD-MPC trained with a behaviour-cloning term that reaches its encoder (`-p bc_coeff "
         "1.0`), then `python -m tutorial_utils promote eval RUN --prefix tdmpc_bc_eval_`",
