@@ -106,6 +106,12 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "false -p steps 4449`), then `python -m tutorial_utils promote eval RUN --prefix vqbet_blind3x_eval_`",
     ),
     (
+        "*/vqbet_blind_zoo_eval_*",
+        "the evaluate job on VQ-BeT trained blind to its state on the comparison's ten tasks at the matched steps "
+        "(`-p use_state false -p steps 3192`, all tasks, 10 episodes each), then `python -m tutorial_utils promote "
+        "eval RUN --prefix vqbet_blind_zoo_eval_`",
+    ),
+    (
         "*/vqbet_statedrop_eval_*",
         "the evaluate job on VQ-BeT trained with its state hidden in half the training samples (`-p state_dropout "
         "0.5 -p steps 4449`), then `python -m tutorial_utils promote eval RUN --prefix vqbet_statedrop_eval_`",
