@@ -334,6 +334,7 @@ def test_promote(tmp_path):
     (run / "server.log").write_text(server_ok)
     (run / "eval_libero_spatial.log").write_text(eval_log())
     (run / "videos" / "a.mp4").write_bytes(b"fake video")
+    (run / "videos" / "f.mp4").write_bytes(b"failed video")
     results = {
         "suite": "libero_spatial",
         "config": {"output_dir": str(run)},
@@ -344,6 +345,7 @@ def test_promote(tmp_path):
                 "episodes": [
                     {"success": False, "video": None, "steps": 3, "wall_s": 1},
                     {"success": True, "video": "videos/a.mp4", "steps": 2, "wall_s": 1},
+                    {"success": False, "video": "videos/f.mp4", "steps": 3, "wall_s": 1},
                 ],
             }
         ],
@@ -356,13 +358,22 @@ def test_promote(tmp_path):
         "eval_server.log",
     ]
     assert out["video"].read_bytes() == b"fake video" and out["video"].name == "eval_rollout.mp4"
+    # the success is shown, so the first failure with a video goes beside it
+    assert out["failed_video"].read_bytes() == b"failed video" and out["failed_video"].name == "eval_failed_rollout.mp4"
     other = P.evaluation(run, tmp_path / "logs3", tmp_path / "assets3", prefix="eval_mini_")
     assert sorted(p.name for p in other.values()) == [
+        "eval_mini_failed_rollout.mp4",
         "eval_mini_libero_spatial.log",
         "eval_mini_results.json",
         "eval_mini_rollout.mp4",
         "eval_mini_server.log",
     ]
+    # a run without a success shows its first failure as the rollout and writes no second copy of it
+    results["tasks"][0]["episodes"][1]["success"] = False
+    (run / "results.json").write_text(json.dumps(results))
+    none_won = P.evaluation(run, tmp_path / "logs4", tmp_path / "assets4")
+    assert "failed_video" not in none_won and none_won["video"].read_bytes() == b"fake video"
+    assert sorted(p.name for p in (tmp_path / "assets4").iterdir()) == ["eval_rollout.mp4"]
     (run / "eval_libero_spatial.log").write_text(eval_log(finish=False))
     with pytest.raises(ValueError, match="success checks"):
         P.evaluation(run, tmp_path / "logs2", tmp_path / "assets2")

@@ -295,9 +295,10 @@ def evaluation(
     """Copy a finished evaluation run's real artifacts for the book (atomically):
 
     ``server.log`` -> ``logs/<prefix>server.log``, ``eval_<suite>.log`` -> ``logs/<prefix><suite>.log``,
-    ``results.json`` -> ``logs/<prefix>results.json``, and the first successful episode's video
-    (else the first video) -> ``assets/<prefix>rollout.mp4`` (refused when larger than
-    ``max_video_bytes``). Only a run whose logs pass :func:`tutorial_utils.logs.diagnose` is
+    ``results.json`` -> ``logs/<prefix>results.json``, the first successful episode's video
+    (else the first video) -> ``assets/<prefix>rollout.mp4`` and, when that one is a success and
+    the run also failed, the first failed episode's video -> ``assets/<prefix>failed_rollout.mp4``
+    (videos larger than ``max_video_bytes`` are refused; the choice is :func:`rollouts`'s). Only a run whose logs pass :func:`tutorial_utils.logs.diagnose` is
     promoted; a low success rate is still a valid run. ``extra`` is merged into the promoted
     results (the main job adds ``demonstrations``: how many evaluated starts were demonstrated).
     """
@@ -326,11 +327,16 @@ def evaluation(
     # ... and holds no secret (logs/ is tracked by git)
     promoted = {**results, **(extra or {})}
     done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", redact_data(paths.for_book(promoted)))
-    for ep in rollouts(run, results):
+    eps = rollouts(run, results)
+    if eps:
         done["video"] = atomic_write_bytes(
-            assets_dir / f"{prefix}rollout.mp4", _video_bytes(ep["video_path"], max_video_bytes)
+            assets_dir / f"{prefix}rollout.mp4", _video_bytes(eps[0]["video_path"], max_video_bytes)
         )
-        break
+    failed = next((ep for ep in eps if not ep.get("success")), None)
+    if eps and eps[0].get("success") and failed is not None:  # a success is shown: show a failure beside it
+        done["failed_video"] = atomic_write_bytes(
+            assets_dir / f"{prefix}failed_rollout.mp4", _video_bytes(failed["video_path"], max_video_bytes)
+        )
     for path in done.values():
         path.chmod(0o644)  # readable by the book build and web servers (temp files are created 0600)
     return done
@@ -346,7 +352,8 @@ def main(argv: list[str]) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m tutorial_utils promote",
-        description="Copy a finished run's logs, results and one video into _build/promoted/ (this build), "
+        description="Copy a finished run's logs, results and videos (an evaluation's first success, and its first "
+        "failure beside it) into _build/promoted/ (this build), "
         "or, with --reference, into logs/ and assets/ (the reference shipped with the book). "
         "Without a run: --reference copies this build's promoted files over the shipped reference.",
     )

@@ -24,9 +24,12 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
     ),
     ("logs/train_cpu_*", "the main job's training stage (`report.promote.training`)"),
     ("logs/eval_mini_*", "the main job's evaluation stage (`report.promote.evaluation`)"),
-    ("assets/eval_mini_rollout.mp4", "the main job's evaluation stage: one rollout (`report.promote.evaluation`)"),
+    (
+        "assets/eval_mini_*rollout.mp4",
+        "the main job's evaluation stage: a rollout, and a failed one beside a success (`report.promote.evaluation`)",
+    ),
     ("logs/eval_*", "the expert's evaluation job, `python -m tutorial_utils promote eval RUN`"),
-    ("assets/eval_rollout.mp4", "the expert's evaluation job, `python -m tutorial_utils promote eval RUN`"),
+    ("assets/eval_*rollout.mp4", "the expert's evaluation job, `python -m tutorial_utils promote eval RUN`"),
     (
         "assets/*_success.mp4",
         "`python -m tutorial_utils zoo promote RUN`: each row's first successful rollout (`report.promote.rollout_pair`)",

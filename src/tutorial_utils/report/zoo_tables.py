@@ -14,6 +14,8 @@ from tutorial_utils.train.speed import budget_steps
 
 ZOO_FILE = "zoo.json"
 SWEEP_FILE = "sweep.json"
+#: a positive control's target: the success rate a family must reach on its task's held-out starts
+CONTROL_TARGET = 0.8
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
@@ -242,7 +244,7 @@ def _health(r: dict[str, Any], curve: list | None) -> str:
     return ", ".join(codes) or "-"
 
 
-def controls(zoo: dict[str, Any], target: float = 0.8):
+def controls(zoo: dict[str, Any], target: float = CONTROL_TARGET):
     """A positive control read family by family, as a pandas DataFrame indexed by family: success
     and its 95% interval, whether the rate reached ``target``, the budget it had (steps done;
     ``planned``, the steps its timed budget was turned into; ``time limit hit``: the training's
