@@ -114,6 +114,12 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "false -p steps 8898`), then `python -m tutorial_utils promote eval RUN --prefix vqbet_blind6x_eval_`",
     ),
     (
+        "*/vqbet_blind30_eval_*",
+        "the evaluate job on VQ-BeT trained blind to its state on thirty demonstrations of the control's task "
+        "(init states 20-49; `-p use_state false -p steps 4449`), then `python -m tutorial_utils promote eval RUN "
+        "--prefix vqbet_blind30_eval_`",
+    ),
+    (
         "*/vqbet_blind_zoo_eval_*",
         "the evaluate job on VQ-BeT trained blind to its state on the comparison's ten tasks at the matched steps "
         "(`-p use_state false -p steps 3192`, all tasks, 10 episodes each), then `python -m tutorial_utils promote "
