@@ -240,8 +240,8 @@ def training(run_dir: str | os.PathLike, prefix: str = "train_", logs_dir: Path 
 
 def rollouts(run_dir: str | os.PathLike, results: dict | None = None) -> list[dict]:
     """The episodes of an evaluation run whose video is on disk, successes first (in episode order),
-    then failures; each episode dict gains ``video_path`` and its ``task_id``. The one choice of which rollout a page
-    shows: :func:`evaluation` promotes the first, ``zoo promote`` a success and a failure per family."""
+    then failures; each episode dict gains ``video_path`` and its ``task_id``. :func:`first_by_outcome` picks from
+    it the videos every page shows (``promote eval`` and ``zoo promote`` alike)."""
     run = Path(run_dir)
     if results is None:
         results = json.loads((run / RESULTS_FILE).read_text())
@@ -260,6 +260,15 @@ def rollouts(run_dir: str | os.PathLike, results: dict | None = None) -> list[di
     return out
 
 
+def first_by_outcome(run_dir: str | os.PathLike, results: dict | None = None) -> dict[str, dict]:
+    """``{"success": ep, "failure": ep}``: the first of each outcome among :func:`rollouts`, for the outcomes
+    the run had (the pair a page shows side by side)."""
+    out: dict[str, dict] = {}
+    for ep in rollouts(run_dir, results):
+        out.setdefault("success" if ep.get("success") else "failure", ep)
+    return out
+
+
 def _video_bytes(src: Path, max_video_bytes: int) -> bytes:
     if src.stat().st_size > max_video_bytes:
         raise ValueError(
@@ -273,10 +282,7 @@ def rollout_pair(run_dir: str | os.PathLike, dest_stem: str | os.PathLike, max_v
     ``<dest_stem>_success.mp4`` and ``<dest_stem>_failure.mp4``. Returns ``{"success": {"video":
     path, "episode": i, "task_id": t}, "failure": ...}`` for the outcomes the run had."""
     out: dict = {}
-    for ep in rollouts(run_dir):
-        kind = "success" if ep.get("success") else "failure"
-        if kind in out:
-            continue
+    for kind, ep in first_by_outcome(run_dir).items():
         dest = Path(f"{os.fspath(dest_stem)}_{kind}.mp4")
         dest.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(dest, _video_bytes(ep["video_path"], max_video_bytes)).chmod(0o644)
@@ -296,10 +302,10 @@ def evaluation(
 
     ``server.log`` -> ``logs/<prefix>server.log``, ``eval_<suite>.log`` -> ``logs/<prefix><suite>.log``,
     ``results.json`` -> ``logs/<prefix>results.json``, the first successful episode's video
-    (else the first video) -> ``assets/<prefix>rollout.mp4`` and, when that one is a success and
-    the run also failed, the first failed episode's video -> ``assets/<prefix>failed_rollout.mp4``
-    (videos larger than ``max_video_bytes`` are refused; the choice is :func:`rollouts`'s). Only a run whose logs pass :func:`tutorial_utils.logs.diagnose` is
-    promoted; a low success rate is still a valid run. ``extra`` is merged into the promoted
+    (else the first failure's) -> ``assets/<prefix>rollout.mp4`` and, when that one is a success
+    and the run also failed, the first failure's -> ``assets/<prefix>failed_rollout.mp4`` (videos
+    larger than ``max_video_bytes`` are refused; the choice is :func:`first_by_outcome`'s). Only a
+    run whose logs pass :func:`tutorial_utils.logs.diagnose` is promoted; a low success rate is still a valid run. ``extra`` is merged into the promoted
     results (the main job adds ``demonstrations``: how many evaluated starts were demonstrated).
     """
     run = Path(run_dir)
@@ -327,15 +333,15 @@ def evaluation(
     # ... and holds no secret (logs/ is tracked by git)
     promoted = {**results, **(extra or {})}
     done["results"] = atomic_write_json(logs_dir / f"{prefix}results.json", redact_data(paths.for_book(promoted)))
-    eps = rollouts(run, results)
-    if eps:
+    pick = first_by_outcome(run, results)
+    shown = pick.get("success") or pick.get("failure")
+    if shown:
         done["video"] = atomic_write_bytes(
-            assets_dir / f"{prefix}rollout.mp4", _video_bytes(eps[0]["video_path"], max_video_bytes)
+            assets_dir / f"{prefix}rollout.mp4", _video_bytes(shown["video_path"], max_video_bytes)
         )
-    failed = next((ep for ep in eps if not ep.get("success")), None)
-    if eps and eps[0].get("success") and failed is not None:  # a success is shown: show a failure beside it
+    if "success" in pick and "failure" in pick:  # a success is shown: show a failure beside it
         done["failed_video"] = atomic_write_bytes(
-            assets_dir / f"{prefix}failed_rollout.mp4", _video_bytes(failed["video_path"], max_video_bytes)
+            assets_dir / f"{prefix}failed_rollout.mp4", _video_bytes(pick["failure"]["video_path"], max_video_bytes)
         )
     for path in done.values():
         path.chmod(0o644)  # readable by the book build and web servers (temp files are created 0600)
