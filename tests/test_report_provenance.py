@@ -252,3 +252,29 @@ def test_files_of_one_run_share_one_source_paragraph_and_several_runs_name_their
     assert paragraphs[0].startswith("*Source of `x_results.json`, `latent_x.json`: Run 20261205-101500-evaluate-aaa111")
     assert paragraphs[1].startswith("*Source of `y_results.json`: Run 20261205-111500-evaluate-bbb222")
     assert str(two).splitlines()[1].startswith("Source of `y_results.json`: Run")
+
+
+def test_rungs_divide_the_samples_by_the_demonstrations_of_each_checkpoint():
+    from tutorial_utils.report import zoo_tables
+
+    t = zoo_tables.rungs(
+        {
+            "twenty": ("logs/vqbet_blind3x_eval_results.json", "logs/latent_vqbet_blind3x_cpu.json"),
+            "thirty": ("logs/vqbet_blind30_eval_results.json", "logs/latent_vqbet_blind30_cpu.json"),
+        }
+    )
+    assert list(t["demonstrations"]) == [20, 30] and list(t["steps"]) == [4449, 4449]
+    assert list(t["samples per demonstration"]) == [3559, 2373]
+    assert list(t["success"]) == ["13/20 (65%)", "2/20 (10%)"] and not t["reached 80%"].any()
+    assert not zoo_tables.intervals_overlap(t.loc["twenty"], t.loc["thirty"])
+    assert t.loc["thirty", "best at last step"]
+
+
+def test_a_rung_whose_probe_names_no_training_run_is_refused_naming_the_file(copies):
+    from tutorial_utils.errors import ConfigError
+    from tutorial_utils.report import zoo_tables
+
+    (copies / "logs" / "r_results.json").write_text(json.dumps({"total_episodes": 20, "total_successes": 5}))
+    (copies / "logs" / "latent_r.json").write_text(json.dumps({"training": {}, "results": []}))
+    with pytest.raises(ConfigError, match="latent_r.json: no training steps"):
+        zoo_tables.rungs({"r": ("logs/r_results.json", "logs/latent_r.json")})

@@ -311,6 +311,45 @@ def intervals_overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return a["ci95_high"] >= b["ci95_low"] and b["ci95_high"] >= a["ci95_low"]
 
 
+def rungs(runs: dict[str, tuple[str, str]], target: float = CONTROL_TARGET):
+    """Rungs of a positive control trained one checkpoint at a time, side by side as a pandas
+    DataFrame indexed by name. Each value is a pair of promoted files of one checkpoint: its
+    evaluation's results (``logs/<prefix>results.json``) and its latent probe (whose ``training``
+    names the run). Per rung: success and its 95% interval, whether it reached ``target``, the
+    demonstrations it learned from (its results' provenance), steps x batch, samples drawn per
+    demonstration, the best validation action error and its step, and whether the best was the
+    last step (the error still falling when the run stopped), and the interval's ends as numbers
+    (``ci95_low``, ``ci95_high``: two rows are what :func:`intervals_overlap` compares)."""
+    import pandas as pd
+
+    from tutorial_utils.experiments.zoo import outcome
+    from tutorial_utils.report import provenance
+
+    out = {}
+    for name, (results, probe) in runs.items():
+        o, t = outcome(provenance.load_json(results)), provenance.load_json(probe).get("training") or {}
+        demos, steps, batch = provenance.info(results).get("episodes"), t.get("steps"), t.get("batch_size")
+        if not (demos and steps and batch):
+            raise ConfigError(
+                f"{probe}: no training steps/batch, or {results}: no demonstrations in its provenance; "
+                "promote the probe from a checkpoint inside its training run and the results with promote eval"
+            )
+        out[name] = {
+            **_success_text(o),
+            f"reached {100 * target:.0f}%": (o["success_rate"] or 0.0) >= target,
+            "demonstrations": demos,
+            "steps": steps,
+            "batch": batch,
+            "samples per demonstration": round(steps * batch / demos),
+            "val_best": round(t["best_val_action_mae"], 4),
+            "best_step": t.get("best_step"),
+            "best at last step": t.get("best_step") == steps,
+            "ci95_low": round(o["ci95_low"], 3),
+            "ci95_high": round(o["ci95_high"], 3),
+        }
+    return pd.DataFrame(out).T
+
+
 def merge(zoos: list[dict[str, Any]]) -> dict[str, Any]:
     """Several zoos of different families (one family per zoo run, each with its own budget) as one
     zoo: their rows and curves together, the first zoo's config. Two zoos with the same row label
