@@ -22,11 +22,10 @@ from tutorial_utils.experiments.zoo import (
     _Shared,
     _train_and_evaluate,
     _train_params,
-    outcome,
 )
 from tutorial_utils.io import atomic_write_json
 from tutorial_utils.params import param as _param  # SweepConfig has a field named `param`
-from tutorial_utils.report.zoo_tables import SWEEP_FILE
+from tutorial_utils.report.zoo_tables import SWEEP_FILE, outcome
 
 
 @dataclass

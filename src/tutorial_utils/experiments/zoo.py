@@ -45,7 +45,7 @@ from tutorial_utils.experiments.smolvla_smoke import smolvla_main
 from tutorial_utils.io import atomic_write_json
 from tutorial_utils.params import at_least_one, param
 from tutorial_utils.policies.base import PolicyUnavailable
-from tutorial_utils.report.zoo_tables import ZOO_FILE, load, row_label, text
+from tutorial_utils.report.zoo_tables import ZOO_FILE, load, outcome, row_label, text
 from tutorial_utils.train.speed import budget_steps
 
 
@@ -91,24 +91,6 @@ def _same_recipe(run_dir: Path, fam: str) -> bool:
     ran = json.loads(f.read_text(encoding="utf-8")).get("train") or {}
     recipe = family_recipe(fam)
     return all(_same(ran.get(k), v) for k, v in recipe.items() if k != "scheduler_warmup_steps")
-
-
-def outcome(results: dict) -> dict[str, Any]:
-    """An evaluation's episodes, successes, success rate with its Wilson interval, and the
-    policy server's latency (:func:`tutorial_utils.evaluate.loop.latency_summary`)."""
-    from tutorial_utils.evaluate.loop import latency_summary
-    from tutorial_utils.runs.checkpoints import wilson
-
-    n, k = int(results["total_episodes"]), int(results["total_successes"])
-    lo, hi = wilson(k, n) or (None, None)
-    return {
-        "episodes": n,
-        "successes": k,
-        "success_rate": k / n if n else None,
-        "ci95_low": lo,
-        "ci95_high": hi,
-        **latency_summary(results),
-    }
 
 
 def _family_row(

@@ -305,6 +305,24 @@ def rollouts(zoo: dict[str, Any], find=None) -> list[tuple[Path, str]]:
     return out
 
 
+def outcome(results: dict) -> dict[str, Any]:
+    """An evaluation's episodes, successes, success rate with its Wilson interval, and the
+    policy server's latency (:func:`tutorial_utils.evaluate.loop.latency_summary`)."""
+    from tutorial_utils.evaluate.loop import latency_summary
+    from tutorial_utils.runs.checkpoints import wilson
+
+    n, k = int(results["total_episodes"]), int(results["total_successes"])
+    lo, hi = wilson(k, n) or (None, None)
+    return {
+        "episodes": n,
+        "successes": k,
+        "success_rate": k / n if n else None,
+        "ci95_low": lo,
+        "ci95_high": hi,
+        **latency_summary(results),
+    }
+
+
 def intervals_overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Whether two rows' 95% success intervals (``ci95_low``, ``ci95_high``) overlap: if they do, the
     two success rates are not told apart by these episodes."""
@@ -322,7 +340,6 @@ def rungs(runs: dict[str, tuple[str, str]], target: float = CONTROL_TARGET):
     (``ci95_low``, ``ci95_high``: two rows are what :func:`intervals_overlap` compares)."""
     import pandas as pd
 
-    from tutorial_utils.experiments.zoo import outcome
     from tutorial_utils.report import provenance
 
     out = {}
