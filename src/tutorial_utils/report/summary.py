@@ -120,6 +120,12 @@ PRODUCERS: tuple[tuple[str, str], ...] = (
         "--prefix vqbet_blind30_eval_`",
     ),
     (
+        "*/vqbet_blind30epochs_eval_*",
+        "the evaluate job on VQ-BeT trained blind to its state on those thirty demonstrations, each drawn as often "
+        "as the three-times run drew its twenty (`-p use_state false -p steps 6674`), then `python -m tutorial_utils "
+        "promote eval RUN --prefix vqbet_blind30epochs_eval_`",
+    ),
+    (
         "*/vqbet_blind_zoo_eval_*",
         "the evaluate job on VQ-BeT trained blind to its state on the comparison's ten tasks at the matched steps "
         "(`-p use_state false -p steps 3192`, all tasks, 10 episodes each), then `python -m tutorial_utils promote "
