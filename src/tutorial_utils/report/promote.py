@@ -305,8 +305,9 @@ def evaluation(
     (else the first failure's) -> ``assets/<prefix>rollout.mp4`` and, when that one is a success
     and the run also failed, the first failure's -> ``assets/<prefix>failed_rollout.mp4`` (videos
     larger than ``max_video_bytes`` are refused; the choice is :func:`first_by_outcome`'s). Only a
-    run whose logs pass :func:`tutorial_utils.logs.diagnose` is promoted; a low success rate is still a valid run. ``extra`` is merged into the promoted
-    results (the main job adds ``demonstrations``: how many evaluated starts were demonstrated).
+    run whose logs pass :func:`tutorial_utils.logs.diagnose` is promoted; a low success rate is
+    still a valid run. ``extra`` is merged into the promoted results (the main job adds
+    ``demonstrations``: how many evaluated starts were demonstrated).
     """
     run = Path(run_dir)
     logs_dir = Path(logs_dir or destinations()[0])
