@@ -130,20 +130,27 @@ test-durations: setup
 test-unit: setup
 	$(PY) -m pytest tests -m "not browser" -n 2 -p no:cacheprovider
 
+# every notebook (chapters and jobs) run by nbmake on 2 workers, in twins written to $(EXECUTED);
+# --overwrite keeps their outputs there, and `make test` builds the book from them (book build
+# --executed) instead of executing each chapter a second time. Not under _build: nbmake skips
+# any path with a _build folder in it.
+EXECUTED   := .executed
 test-notebooks: setup
-	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
-	  $(PY) -m tutorial_utils book ipynb --dest "$$tmp" >/dev/null && \
-	  cd "$$tmp" && $(CURDIR)/$(PY) -m pytest --nbmake --nbmake-timeout=900 -p no:cacheprovider -q \
-	    $$(find "$$tmp" -name '*.ipynb' | sort)
+	rm -rf $(EXECUTED)
+	$(PY) -m tutorial_utils book ipynb --dest $(EXECUTED) >/dev/null
+	cd $(EXECUTED) && $(CURDIR)/$(PY) -m pytest --nbmake --nbmake-timeout=900 --overwrite -n 2 -p no:cacheprovider -q \
+	    $$(find . -name '*.ipynb' | sort)
 
-test-browser: html
+# BOOK_EXECUTED=DIR: build from the chapters nbmake ran in DIR (what `make test` does)
+test-browser: setup
+	$(PY) -m tutorial_utils book build $(if $(BOOK_EXECUTED),--executed $(BOOK_EXECUTED))
 	REQUIRE_BOOK=1 $(PY) -m pytest tests -m browser -p no:cacheprovider
 
 test: setup
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-notebooks
-	$(MAKE) --no-print-directory test-browser
+	$(MAKE) --no-print-directory test-browser BOOK_EXECUTED=$(EXECUTED)
 
 clean:
 	rm -rf _build $(STAMP)

@@ -74,3 +74,49 @@ def test_a_chapter_reading_logs_is_re_executed_when_the_logs_change(tmp_path):
     assert book.build(root) == 0
     html = (root / "_build" / "html" / "nb.html").read_text()
     assert "second-run-figure" in html and "first-run-figure" not in html
+
+
+@pytest.mark.slow
+def test_the_build_shows_the_chapters_nbmake_ran_and_executes_them_again_when_their_inputs_changed(tmp_path):
+    """`make test` runs the twins with nbmake --overwrite, then builds with --executed: the page
+    shows nbmake's outputs (the chapter is not executed twice); a twin run from other logs is not
+    reused. The cell prints its working folder, which tells the two executions apart."""
+    (tmp_path / "book").mkdir()
+    root = _throwaway_book(tmp_path / "book", failing=False)
+    (root / "logs").mkdir()
+    (root / "logs" / "figure.txt").write_text("first")
+    write_notebook(root / "nb.md", [("md", "# A notebook"), ("code", "import os; print('cwd=' + os.getcwd())")])
+    twins = tmp_path / "executed"
+    book.write_twins(dest=twins, root=root)
+    nbmake = [sys.executable, "-m", "pytest", "--nbmake", "--overwrite", "-p", "no:cacheprovider", "-q", "nb.ipynb"]
+    assert subprocess.run(nbmake, cwd=twins, capture_output=True).returncode == 0
+    assert book.reuse_executed(twins, root) == [root / "nb.md"]
+    assert book.build(root, executed=twins) == 0
+    html = (root / "_build" / "html" / "nb.html").read_text()
+    assert f"cwd={twins}" in html and f"cwd={root}" not in html
+    # the logs changed after nbmake ran: its outputs are not this build's, the build executes the chapter
+    (root / "logs" / "figure.txt").write_text("second")
+    assert book.reuse_executed(twins, root) == []
+    assert book.build(root, executed=twins) == 0
+    html = (root / "_build" / "html" / "nb.html").read_text()
+    assert f"cwd={root}" in html and f"cwd={twins}" not in html
+
+
+def test_a_twin_with_an_error_or_other_cells_is_not_reused(tmp_path):
+    import nbformat
+
+    (tmp_path / "book").mkdir()
+    root = _throwaway_book(tmp_path / "book", failing=False)
+    twins = tmp_path / "executed"
+    (twin,) = book.write_twins(dest=twins, root=root)
+    nb = nbformat.read(twin, as_version=4)
+    for n, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        cell.execution_count = n + 1
+    nbformat.write(nb, twin)
+    assert book.reuse_executed(twins, root) == [root / "nb.md"]  # every cell ran, no error
+    nb.cells[-1].outputs = [nbformat.v4.new_output("error", ename="E", evalue="x", traceback=[])]
+    nbformat.write(nb, twin)
+    assert book.reuse_executed(twins, root) == []
+    nb.cells[-1].outputs, nb.cells[-1].source = [], "print('edited after the run')"
+    nbformat.write(nb, twin)
+    assert book.reuse_executed(twins, root) == []

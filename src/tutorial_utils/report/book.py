@@ -104,7 +104,8 @@ def job_notebooks(root: Path = paths.REPO) -> list[Path]:
 
 def write_twins(dest: Path | None = None, root: Path = paths.REPO, include_jobs: bool = True) -> list[Path]:
     """Write ``.ipynb`` twins of the TOC notebooks (and job notebooks) to ``dest`` (default:
-    beside each source). Returns the written paths."""
+    beside each source), and into ``dest`` the :data:`EXECUTED_STAMP` a build checks before it
+    reuses their executed outputs (:func:`reuse_executed`). Returns the written paths."""
     import jupytext
 
     sources = toc_notebooks(root) + (job_notebooks(root) if include_jobs else [])
@@ -118,6 +119,9 @@ def write_twins(dest: Path | None = None, root: Path = paths.REPO, include_jobs:
         nb = jupytext.read(src)
         jupytext.write(nb, out, fmt="ipynb")
         written.append(out)
+    if dest is not None:  # what their outputs will depend on, for a build that reuses them
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / EXECUTED_STAMP).write_text(executed_fingerprint(root) + "\n")
     return written
 
 
@@ -147,13 +151,81 @@ def inputs_fingerprint(root: Path = paths.REPO) -> str:
     return h.hexdigest()
 
 
-def build(root: Path = paths.REPO, builder: str = "html", clean: bool = False, env: dict | None = None) -> int:
+#: written by ``book ipynb --dest DIR`` into DIR: what the chapters' outputs depend on besides their
+#: code (:func:`executed_fingerprint`), so a build reuses those outputs only while it still holds
+EXECUTED_STAMP = ".executed_from"
+
+
+def executed_fingerprint(root: Path = paths.REPO) -> str:
+    """:func:`inputs_fingerprint` and every file of the ``tutorial_utils`` package the chapters call:
+    two executions with the same fingerprint and the same cells print the same pages."""
+    h = hashlib.sha256(inputs_fingerprint(root).encode())
+    pkg = Path(__file__).resolve().parents[1]
+    for p in sorted(pkg.rglob("*.py")):
+        h.update(f"{p.relative_to(pkg).as_posix()}\0".encode())
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def reuse_executed(executed: Path, root: Path = paths.REPO) -> list[Path]:
+    """Put the chapters that nbmake already executed (``make test-notebooks`` runs the twins in
+    ``executed`` with ``--overwrite``) into the build's jupyter-cache, so the build shows exactly
+    the outputs nbmake checked instead of executing every chapter a second time. A chapter is
+    taken only when its twin ran every code cell without an error output, its cells are the
+    source's, and ``executed`` was written from the same logs, assets and package
+    (:data:`EXECUTED_STAMP`); anything else is executed by the build as usual. Returns the
+    chapters taken."""
+    import nbformat
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+    from myst_nb.core.read import read_myst_markdown_notebook
+
+    stamp = executed / EXECUTED_STAMP
+    if not stamp.is_file() or stamp.read_text().strip() != executed_fingerprint(root):
+        print(f"book: {executed} was executed from other logs, assets or code; executing every chapter", flush=True)
+        return []
+    cache = get_cache(os.fspath(root / "_build" / ".jupyter_cache"))
+    taken = []
+    for src in toc_notebooks(root):
+        twin = executed / src.relative_to(root).with_suffix(".ipynb")
+        if src.suffix != ".md" or not twin.is_file():
+            continue
+        nb = read_myst_markdown_notebook(src.read_text(encoding="utf-8"), add_source_map=True, path=src)
+        ran = nbformat.read(twin, as_version=4)
+        cells = [c for c in nb.cells if c.cell_type == "code"]
+        ran_cells = [c for c in ran.cells if c.cell_type == "code"]
+        same = [c.source for c in cells] == [c.source for c in ran_cells]
+        clean_run = all(
+            c.execution_count is not None and not any(o.get("output_type") == "error" for o in c.outputs)
+            for c in ran_cells
+        )
+        if not (same and clean_run):
+            print(f"book: {twin.name} is not a clean run of {src.name}; the build executes it", flush=True)
+            continue
+        for cell, done in zip(cells, ran_cells):
+            cell.outputs, cell.execution_count = done.outputs, done.execution_count
+        if "widgets" in ran.metadata:
+            nb.metadata["widgets"] = ran.metadata["widgets"]
+        cache.cache_notebook_bundle(CacheBundleIn(nb, os.fspath(src)), check_validity=False, overwrite=True)
+        taken.append(src)
+    return taken
+
+
+def build(
+    root: Path = paths.REPO,
+    builder: str = "html",
+    clean: bool = False,
+    env: dict | None = None,
+    executed: Path | None = None,
+) -> int:
     """Build the book; non-zero on any warning, a failing notebook included.
 
     jupyter-cache reuses a notebook's outputs while its code is unchanged, so a chapter that
     reads ``logs/`` would keep showing the numbers of the previous run after the main job
     promoted new ones. When anything under ``logs/`` or ``assets/`` changed since the last
-    successful build, the build starts clean (every chapter re-executed).
+    successful build, the build starts clean (every chapter re-executed). ``executed``: the
+    folder where nbmake just ran the chapters' twins (:func:`reuse_executed`); ``make test``
+    passes it so each chapter runs once per test run.
     """
     stamp = root / INPUTS_STAMP
     fingerprint = inputs_fingerprint(root)
@@ -166,6 +238,9 @@ def build(root: Path = paths.REPO, builder: str = "html", clean: bool = False, e
         shutil.rmtree(root / "_build" / ".doctrees", ignore_errors=True)
         shutil.rmtree(root / "_build" / builder, ignore_errors=True)
         shutil.rmtree(root / "_build" / "jupyter_execute", ignore_errors=True)
+    if executed is not None:
+        taken = reuse_executed(Path(executed), root)
+        print(f"book: {len(taken)} chapters' outputs reused from nbmake's run in {executed}", flush=True)
     run_env = {**os.environ, **(env or {})}
     run_env.setdefault("TUTORIAL_PROFILE", "ci")
     # the kernel must be this venv's python: put it first on PATH
@@ -224,6 +299,13 @@ def main(argv: list[str]) -> int:
     t.add_argument("--dest", type=Path, default=None, help="folder for the twins (default: beside the sources)")
     b = sub.add_parser("build", help="build the HTML book (warnings are errors)")
     b.add_argument("--clean", action="store_true")
+    b.add_argument(
+        "--executed",
+        type=Path,
+        default=None,
+        help="a folder of twins nbmake just ran (`book ipynb --dest DIR`, then nbmake --overwrite): "
+        "reuse their outputs instead of executing the chapters again",
+    )
     sub.add_parser("vendor", help="fetch the ipywidgets JS for offline widget state")
     sub.add_parser("list", help="list the TOC's pages and which are notebooks")
     args = ap.parse_args(argv)
@@ -233,7 +315,7 @@ def main(argv: list[str]) -> int:
         return 0
     if args.cmd == "build":
         vendor_widgets()
-        return build(clean=args.clean)
+        return build(clean=args.clean, executed=args.executed)
     if args.cmd == "vendor":
         for p in vendor_widgets():
             print(p)
