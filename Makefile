@@ -153,4 +153,4 @@ test: setup
 	$(MAKE) --no-print-directory test-browser BOOK_EXECUTED=$(EXECUTED)
 
 clean:
-	rm -rf _build $(STAMP)
+	rm -rf _build $(STAMP) $(EXECUTED)

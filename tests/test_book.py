@@ -120,3 +120,4 @@ def test_a_twin_with_an_error_or_other_cells_is_not_reused(tmp_path):
     nb.cells[-1].outputs, nb.cells[-1].source = [], "print('edited after the run')"
     nbformat.write(nb, twin)
     assert book.reuse_executed(twins, root) == []
+    assert book.reuse_executed(tmp_path / "never_written", root) == []  # no stamp: nothing to reuse

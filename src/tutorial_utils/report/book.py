@@ -152,7 +152,7 @@ def inputs_fingerprint(root: Path = paths.REPO) -> str:
 
 
 #: written by ``book ipynb --dest DIR`` into DIR: what the chapters' outputs depend on besides their
-#: code (:func:`executed_fingerprint`), so a build reuses those outputs only while it still holds
+#: code (:func:`executed_fingerprint`); a build reuses those outputs only while it still matches
 EXECUTED_STAMP = ".executed_from"
 
 
@@ -181,8 +181,15 @@ def reuse_executed(executed: Path, root: Path = paths.REPO) -> list[Path]:
     from myst_nb.core.read import read_myst_markdown_notebook
 
     stamp = executed / EXECUTED_STAMP
-    if not stamp.is_file() or stamp.read_text().strip() != executed_fingerprint(root):
-        print(f"book: {executed} was executed from other logs, assets or code; executing every chapter", flush=True)
+    if not stamp.is_file():
+        print(
+            f"book: {stamp} is missing (write the twins with `book ipynb --dest {executed}`, then run them with "
+            "nbmake --overwrite); the build executes every chapter",
+            flush=True,
+        )
+        return []
+    if stamp.read_text().strip() != executed_fingerprint(root):
+        print(f"book: {executed} was executed from other logs, assets or code; the build executes every chapter")
         return []
     cache = get_cache(os.fspath(root / "_build" / ".jupyter_cache"))
     taken = []
