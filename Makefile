@@ -77,8 +77,9 @@ main-job: setup
 	$(PY) -m tutorial_utils doctor --json runs/doctor.json || true
 	TUTORIAL_PROFILE=$(MAIN_PROFILE) $(PY) -m tutorial_utils pipeline
 
+# BOOK_EXECUTED=DIR: reuse the chapters nbmake ran in DIR instead of executing them (what `make test` does)
 html: setup
-	$(PY) -m tutorial_utils book build
+	$(PY) -m tutorial_utils book build $(if $(BOOK_EXECUTED),--executed $(BOOK_EXECUTED))
 
 book: setup main-job html
 	@echo "book: $(CURDIR)/_build/html/index.html"
@@ -141,9 +142,7 @@ test-notebooks: setup
 	cd $(EXECUTED) && $(CURDIR)/$(PY) -m pytest --nbmake --nbmake-timeout=900 --overwrite -n 2 -p no:cacheprovider -q \
 	    $$(find . -name '*.ipynb' | sort)
 
-# BOOK_EXECUTED=DIR: build from the chapters nbmake ran in DIR (what `make test` does)
-test-browser: setup
-	$(PY) -m tutorial_utils book build $(if $(BOOK_EXECUTED),--executed $(BOOK_EXECUTED))
+test-browser: html
 	REQUIRE_BOOK=1 $(PY) -m pytest tests -m browser -p no:cacheprovider
 
 test: setup

@@ -156,10 +156,11 @@ def inputs_fingerprint(root: Path = paths.REPO) -> str:
 EXECUTED_STAMP = ".executed_from"
 
 
-def executed_fingerprint(root: Path = paths.REPO) -> str:
-    """:func:`inputs_fingerprint` and every file of the ``tutorial_utils`` package the chapters call:
-    two executions with the same fingerprint and the same cells print the same pages."""
-    h = hashlib.sha256(inputs_fingerprint(root).encode())
+def executed_fingerprint(root: Path = paths.REPO, inputs: str | None = None) -> str:
+    """:func:`inputs_fingerprint` (``inputs`` when the caller already has it) and every file of the
+    ``tutorial_utils`` package the chapters call: two executions with the same fingerprint and the
+    same cells print the same pages."""
+    h = hashlib.sha256((inputs or inputs_fingerprint(root)).encode())
     pkg = Path(__file__).resolve().parents[1]
     for p in sorted(pkg.rglob("*.py")):
         h.update(f"{p.relative_to(pkg).as_posix()}\0".encode())
@@ -167,14 +168,14 @@ def executed_fingerprint(root: Path = paths.REPO) -> str:
     return h.hexdigest()
 
 
-def reuse_executed(executed: Path, root: Path = paths.REPO) -> list[Path]:
+def reuse_executed(executed: Path, root: Path = paths.REPO, inputs: str | None = None) -> list[Path]:
     """Put the chapters that nbmake already executed (``make test-notebooks`` runs the twins in
     ``executed`` with ``--overwrite``) into the build's jupyter-cache, so the build shows exactly
     the outputs nbmake checked instead of executing every chapter a second time. A chapter is
     taken only when its twin ran every code cell without an error output, its cells are the
     source's, and ``executed`` was written from the same logs, assets and package
     (:data:`EXECUTED_STAMP`); anything else is executed by the build as usual. Returns the
-    chapters taken."""
+    chapters taken. ``inputs``: :func:`inputs_fingerprint`, when the caller already computed it."""
     import nbformat
     from jupyter_cache import get_cache
     from jupyter_cache.base import CacheBundleIn
@@ -188,8 +189,11 @@ def reuse_executed(executed: Path, root: Path = paths.REPO) -> list[Path]:
             flush=True,
         )
         return []
-    if stamp.read_text().strip() != executed_fingerprint(root):
-        print(f"book: {executed} was executed from other logs, assets or code; the build executes every chapter")
+    if stamp.read_text().strip() != executed_fingerprint(root, inputs):
+        print(
+            f"book: {executed} was executed from other logs, assets or code; the build executes every chapter",
+            flush=True,
+        )
         return []
     cache = get_cache(os.fspath(root / "_build" / ".jupyter_cache"))
     taken = []
@@ -246,7 +250,7 @@ def build(
         shutil.rmtree(root / "_build" / builder, ignore_errors=True)
         shutil.rmtree(root / "_build" / "jupyter_execute", ignore_errors=True)
     if executed is not None:
-        taken = reuse_executed(Path(executed), root)
+        taken = reuse_executed(Path(executed), root, inputs=fingerprint)
         print(f"book: {len(taken)} chapters' outputs reused from nbmake's run in {executed}", flush=True)
     run_env = {**os.environ, **(env or {})}
     run_env.setdefault("TUTORIAL_PROFILE", "ci")
