@@ -31,6 +31,10 @@ $(STAMP)/venv: requirements.txt pyproject.toml | $(STAMP)/system
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	# jupyter-events pulls in rfc3987-syntax (jsonschema's checker of the "iri" format, which no schema
+	# here uses); jsonschema imports it when present, and its import builds an Earley grammar: 2.6 s of
+	# CPU in every process that imports nbformat, papermill or jupyter-book (a job run: 7.4 s -> 4.7 s)
+	$(PY) -m pip uninstall -q -y rfc3987-syntax lark
 	@touch $@
 
 # LeRobot 0.3.3's dataset loader, beside the venv (not in it: it pins older torch and datasets),

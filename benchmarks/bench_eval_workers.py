@@ -29,13 +29,6 @@ from tutorial_utils import logs
 from tutorial_utils.evaluate.chain import run_job
 
 
-def _documented(path: Path) -> list[str]:
-    heads = tuple(
-        getattr(logs, n).split("{")[0] for n in dir(logs) if n.startswith("EVAL_") and "{" in str(getattr(logs, n))
-    )
-    return [ln for ln in path.read_text().splitlines() if ln.startswith(heads)]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="short episodes (about 2 minutes in all)")
@@ -79,7 +72,7 @@ def main() -> None:
                 r["client_s"] = round(r["client_s"] + res.stages["client_s"], 1)
                 r["steps"] += sum(e["steps"] for t in res.results["tasks"] for e in t["episodes"])
                 r["episodes_per_hour"] = round(r["episodes"] / r["client_s"] * 3600, 1)
-                logs_seen.setdefault(workers, _documented(res.eval_log))
+                logs_seen.setdefault(workers, logs.documented_eval_lines(res.eval_log))
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -513,3 +513,18 @@ def headless_chrome(width: int = 1280, height: int = 1600):
     d.set_page_load_timeout(60)
     d.implicitly_wait(0)
     return d
+
+
+def comparable_results(res: dict) -> dict:
+    """An evaluation's results without timings and where they were written: equal for the same
+    episodes however many shards or client processes ran them."""
+    out = json.loads(json.dumps(res))
+    out.pop("wall_s")
+    for key in ("output_dir", "shard", "num_shards", "workers", "port"):
+        out["config"].pop(key)
+    out.pop("parts", None)
+    for t in out["tasks"]:
+        for e in t["episodes"]:
+            for key in ("wall_s", "round_trip_ms", "server_infer_ms"):
+                e.pop(key)
+    return out

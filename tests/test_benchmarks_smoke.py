@@ -65,14 +65,29 @@ def test_bench_zoo_quick_times_a_family_against_mini():
 
 @pytest.mark.slow
 @pytest.mark.libero
-def test_bench_eval_workers_quick_runs_one_and_two_workers_on_the_same_episodes():
-    out = _last_json("bench_eval_workers.py", "--tasks", "0", "--trials", "1", "--max-steps", "3")
-    assert out["bench"] == "eval_workers" and out["episodes"] == 1 and out["max_steps"] == 3
+def test_bench_eval_workers_quick_runs_one_and_two_workers_on_the_same_episodes(tmp_path):
+    """The benchmark's two runs (kept) are also the suite's real-LIBERO check of the evaluation's
+    client processes: the zero policy, 2 tasks x 2 trials, 6 steps, with 2 workers writes the log
+    lines and results that 1 client writes, and each worker keeps its own log."""
+    from helpers import comparable_results
+    from tutorial_utils import logs
+
+    out = _last_json(
+        "bench_eval_workers.py", "--tasks", "0-1", "--trials", "2", "--max-steps", "6", "--keep", str(tmp_path)
+    )
+    assert out["bench"] == "eval_workers" and out["episodes"] == 4 and out["max_steps"] == 6
     assert out["workers1_episodes_per_hour"] > 0 and out["workers2_episodes_per_hour"] > 0
     assert out["same_log_lines"] is True  # the two runs evaluated the same episodes
     assert out["ratio_2_vs_1"] == pytest.approx(
         out["workers2_episodes_per_hour"] / out["workers1_episodes_per_hour"], rel=0.01
     )
+    one, two = (tmp_path / f"rep0_workers{w}" for w in (1, 2))
+    lines = logs.documented_eval_lines(one / "eval_libero_spatial.log")
+    assert lines == logs.documented_eval_lines(two / "eval_libero_spatial.log")
+    assert len(lines) == 2 * (1 + 4 * 2 + 2) + 2  # per task: its name, 4 lines an episode, 2 rates; 2 totals
+    results = [json.loads((d / "results.json").read_text()) for d in (one, two)]
+    assert comparable_results(results[1]) == comparable_results(results[0]) and results[1]["total_episodes"] == 4
+    assert (two / "workers" / "w1" / "eval_libero_spatial.log").is_file()
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """Evaluation split over shards and worker processes, and merged back as one process reports it.
 
 The client loop runs against a fake env (no MuJoCo) in this process for shards, and in worker
-processes started by the real coordinator (a worker command that installs the same fake env);
-the test marked ``libero`` compares 2 workers with 1 on real LIBERO.
+processes started by the real coordinator (a worker command that installs the same fake env).
+Two workers against one on real LIBERO: ``tests/test_benchmarks_smoke.py``'s eval-workers test
+(the benchmark's runs are the comparison: one real-LIBERO pair in the suite, not two).
 """
 
 from __future__ import annotations
@@ -126,20 +127,6 @@ def _run(cfg, capsys):
     return res, capsys.readouterr().out
 
 
-def _comparable(res):
-    """Results without timings and where they were written."""
-    out = json.loads(json.dumps(res))
-    out.pop("wall_s")
-    for key in ("output_dir", "shard", "num_shards", "workers", "port"):
-        out["config"].pop(key)
-    out.pop("parts", None)
-    for t in out["tasks"]:
-        for e in t["episodes"]:
-            for key in ("wall_s", "round_trip_ms", "server_infer_ms"):
-                e.pop(key)
-    return out
-
-
 def test_two_shards_merge_to_the_one_process_run(tmp_path, fake_env, server, capsys):
     one, one_log = _run(_cfg(server.port, tmp_path / "one"), capsys)
     assert one["total_episodes"] == 9 and 0 < one["total_successes"] < 9
@@ -158,7 +145,7 @@ def test_two_shards_merge_to_the_one_process_run(tmp_path, fake_env, server, cap
     assert parts[1][0]["total_episodes"] == 5
 
     dest, merged = parallel.merge_dirs([tmp_path / "s1", tmp_path / "s0"], tmp_path / "merged")
-    assert _comparable(merged) == _comparable(one)
+    assert helpers.comparable_results(merged) == helpers.comparable_results(one)
     assert merged["config"]["num_shards"] == 1 and [p["shard"] for p in merged["parts"]] == [1, 0]
     text = (dest / "eval_libero_spatial.log").read_text()
     assert text == one_log  # same lines, same order, running totals recomputed
@@ -242,7 +229,7 @@ def test_two_workers_report_as_one_process(tmp_path, fake_env, fake_workers, ser
     res = parallel.evaluate(_cfg(server.port, tmp_path / "two", workers=2), poll_s=0.1)
     two_log = capsys.readouterr().out
     assert two_log == one_log
-    assert _comparable(res) == _comparable(one) and res["finished"]
+    assert helpers.comparable_results(res) == helpers.comparable_results(one) and res["finished"]
     assert json.loads((tmp_path / "two" / "results.json").read_text())["config"]["workers"] == 2
     w1 = tmp_path / "two" / "workers" / "w1"
     assert json.loads((w1 / "worker.json").read_text())["pairs"] == [[1, 1], [1, 2], [2, 0], [2, 1], [2, 2]]
@@ -255,7 +242,7 @@ def test_two_workers_report_as_one_process(tmp_path, fake_env, fake_workers, ser
 def test_workers_inside_a_shard_report_as_one_process_of_that_shard(tmp_path, fake_env, fake_workers, server, capsys):
     s1, s1_log = _run(_cfg(server.port, tmp_path / "s1", shard=1, num_shards=2), capsys)
     res = parallel.evaluate(_cfg(server.port, tmp_path / "s1w", shard=1, num_shards=2, workers=3), poll_s=0.1)
-    assert capsys.readouterr().out == s1_log and _comparable(res) == _comparable(s1)
+    assert capsys.readouterr().out == s1_log and helpers.comparable_results(res) == helpers.comparable_results(s1)
     assert sorted(p.name for p in (tmp_path / "s1w" / "workers").iterdir()) == ["w0", "w1", "w2"]
 
 
@@ -267,36 +254,6 @@ def test_a_failing_worker_stops_the_run_and_shows_its_traceback(tmp_path, fake_w
     assert "ServerUnavailable" in out and "Traceback" in out and "Task:" not in out
     assert "eval_libero_spatial.log" in str(exc.value)
     assert logs.parse_eval_log(out)["errors"][-1].startswith("tutorial_utils.serve.protocol.ServerUnavailable")
-
-
-def _documented(path: Path) -> list[str]:
-    """The lines of docs/FACTS.md section 5 in a client log (LIBERO and robosuite print their own too)."""
-    heads = tuple(
-        getattr(logs, name).split("{")[0]
-        for name in dir(logs)
-        if name.startswith("EVAL_") and isinstance(getattr(logs, name), str) and "{" in getattr(logs, name)
-    )
-    return [ln for ln in path.read_text().splitlines() if ln.startswith(heads)]
-
-
-# --- real LIBERO ------------------------------------------------------------------------------------
-
-
-@pytest.mark.libero
-@pytest.mark.slow
-def test_real_libero_two_workers_equal_one_process(tmp_path):
-    """The zero policy, 2 tasks x 2 trials, 6 steps: the chain with 2 workers writes the log and
-    results the chain with 1 client writes."""
-    from tutorial_utils.evaluate.chain import run_job
-
-    kw = dict(policy="zero", task_ids="0-1", trials_per_task=2, max_steps=6, server_timeout=60, client_timeout=600)
-    one = run_job(tmp_path / "one", **kw)
-    two = run_job(tmp_path / "two", workers=2, **kw)
-    assert one.diagnosis.ok and two.diagnosis.ok
-    assert _documented(two.eval_log) == _documented(one.eval_log)  # LIBERO's own warnings aside
-    assert len(_documented(one.eval_log)) == 2 * (1 + 4 * 2 + 2) + 2
-    assert _comparable(two.results) == _comparable(one.results) and two.results["total_episodes"] == 4
-    assert (tmp_path / "two" / "workers" / "w1" / "eval_libero_spatial.log").is_file()
 
 
 def test_an_empty_shard_is_a_configuration_error_not_a_failed_setup():

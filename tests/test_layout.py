@@ -254,6 +254,19 @@ def test_import_is_light(module):
     )
 
 
+def test_notebook_tooling_imports_without_building_a_grammar():
+    """`make setup` removes rfc3987-syntax: jsonschema (under nbformat, papermill, jupyter-book)
+    imports it when present, and its import compiles an Earley grammar, 2.6 s in every such process."""
+    code = "import json, sys, nbformat, papermill; print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert not loaded & {"rfc3987_syntax", "lark"}, (
+        "rfc3987-syntax is installed again (jupyter-events asks for it); `make setup` uninstalls it: "
+        f"{sys.executable} -m pip uninstall -y rfc3987-syntax lark"
+    )
+
+
 def test_the_checks_themselves():
     toy = {"a": {"b": 1}, "b": {"c": 1, "a": 2}, "c": {"a": 1}, "d": {"a": 1}}
     assert _cycles(toy) == [["a", "b", "a"], ["a", "b", "c", "a"]]

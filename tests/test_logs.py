@@ -56,6 +56,14 @@ def test_parse_eval_log_from_path(tmp_path):
     assert res["total_rate"] is None and res["running_total_rate"] == pytest.approx(2 / 3)
 
 
+def test_documented_eval_lines_leave_out_what_libero_prints(tmp_path):
+    clean = eval_log()
+    noisy = "[robosuite WARNING] No private macro file found!\n" + clean.replace("Task:", "[info] loading\nTask:", 1)
+    p = tmp_path / "eval_libero_spatial.log"
+    p.write_text(noisy + "EGL_NOT_INITIALIZED\n")
+    assert L.documented_eval_lines(p) == clean.splitlines() and len(clean.splitlines()) == 2 + 4 * 3 + 2 * 2 + 2
+
+
 def test_parse_server_log():
     res = L.parse_server_log(
         SERVER_OK

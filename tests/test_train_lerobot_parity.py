@@ -12,8 +12,9 @@ what LeRobot's own training path builds: ``LeRobotDataset`` with the ``delta_tim
 ``make_pre_post_processors`` with that dataset's own statistics. The same seeded ``policy.forward``
 on both batches gives the same loss.
 
-Then LeRobot's own training loop (``lerobot.scripts.lerobot_train``) trains a tiny ACT on the converted
-recording, and our server serves that checkpoint, predicting what LeRobot's own policy predicts.
+Then ``python -m tutorial_utils lerobot-train`` converts the recording itself and runs LeRobot's own
+training loop (``lerobot.scripts.lerobot_train``) on it (a tiny ACT, 2 steps), and our server serves that
+checkpoint, predicting what LeRobot's own policy predicts.
 
 Needs LeRobot 0.4.4 with its dataset dependencies (HF ``datasets``) and a video decoder LeRobot can
 use here (``torchcodec``; its ``pyav`` backend needs ``torchvision.io.VideoReader``, which the
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,55 +141,20 @@ def test_our_batch_is_lerobots_batch(name, recordings):
 # --- LeRobot's own training loop, served by our server ------------------------------------------------
 
 
-def test_act_trained_by_lerobots_own_loop_is_served_by_our_server(recordings, tmp_path):
-    """``lerobot.scripts.lerobot_train`` (2 steps of a tiny ACT on the converted recording) writes its
-    ``pretrained_model``; :func:`from_lerobot_pretrained` loads it into our ACT adapter, which saves a
-    checkpoint our server serves; the served chunk equals LeRobot's own ``from_pretrained`` policy with
-    its own saved processors on the same observation."""
-    import os
-    import subprocess
-    import sys
-
+def _served_equals_lerobots_own(served, pretrained: Path) -> None:
+    """The chunk our served policy computes (and our websocket server sends) equals LeRobot's own
+    ``from_pretrained`` policy with its own saved processors on the same observation."""
     import torch
     from lerobot.policies.act.modeling_act import ACTPolicy as LeRobotACT
     from lerobot.policies.factory import make_pre_post_processors
 
     from helpers import openpi_observation
-    from tutorial_utils import policies
     from tutorial_utils.data.libero_schema import action_to_env
-    from tutorial_utils.policies.lerobot import from_lerobot_pretrained
-    from tutorial_utils.train.data import open_dataset
-    from tutorial_utils.train.lerobot_loop import LEROBOT_TRAIN
+    from tutorial_utils.serve.client import PolicyClient
+    from tutorial_utils.serve.server import ServerThread
 
-    ours_root, converted = recordings
-    tiny = {"chunk_size": 8, "n_action_steps": 4, "dim_model": 32, "n_heads": 2, "dim_feedforward": 64}
-    tiny |= {"n_encoder_layers": 1, "n_vae_encoder_layers": 1, "latent_dim": 8}
-    args = [f"--policy.{k}={v}" for k, v in tiny.items()]
-    args += ["--dataset.repo_id=synth", f"--dataset.root={converted}", "--dataset.video_backend=torchcodec"]
-    args += ["--policy.type=act", "--policy.device=cpu", "--policy.push_to_hub=false"]
-    args += ["--policy.pretrained_backbone_weights=null", "--steps=2", "--batch_size=2", "--num_workers=0"]
-    args += [
-        "--save_freq=2",
-        "--log_freq=1",
-        "--eval_freq=0",
-        "--wandb.enable=false",
-        f"--output_dir={tmp_path / 'lr'}",
-    ]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(
-        [sys.executable, "-c", LEROBOT_TRAIN, *args], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    pretrained = tmp_path / "lr" / "checkpoints" / "last" / "pretrained_model"
-    assert (pretrained / "model.safetensors").is_file()
-
-    model = from_lerobot_pretrained(pretrained, open_dataset(ours_root, run_dir=None).statistics)
-    assert model.name == "act" and model.image_size == SIZE and model.cfg.chunk_size == 8
-    model.save(tmp_path / "ours")
-    served = policies.make_policy("act", checkpoint=str(tmp_path / "ours"))
     obs = openpi_observation(SIZE)
     got = served.infer(obs)["actions"]
-
     theirs = LeRobotACT.from_pretrained(pretrained).eval()
     pre, post = make_pre_post_processors(theirs.config, pretrained_path=str(pretrained))
     batch = {
@@ -201,11 +168,8 @@ def test_act_trained_by_lerobots_own_loop_is_served_by_our_server(recordings, tm
         want = post(theirs.predict_action_chunk(pre(batch)))[0].numpy()
     assert got.shape == (8, 7) and served.metadata["replan_steps"] == 4
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
-    # and what our websocket server sends an openpi client (robosuite's gripper convention; compared
-    # inside the environment's [-1, 1] range, which the server may clip to)
-    from tutorial_utils.serve.client import PolicyClient
-    from tutorial_utils.serve.server import ServerThread
-
+    # what our websocket server sends an openpi client (robosuite's gripper convention; compared inside
+    # the environment's [-1, 1] range, which the server may clip to)
     with ServerThread(served) as srv, PolicyClient(port=srv.port, connect_timeout=5) as c:
         sent = np.clip(c.infer(obs)["actions"], -1, 1)
         np.testing.assert_allclose(sent, np.clip(action_to_env(want, "dataset"), -1, 1), rtol=0, atol=1e-5)
@@ -213,8 +177,10 @@ def test_act_trained_by_lerobots_own_loop_is_served_by_our_server(recordings, tm
 
 def test_lerobot_train_command_converts_trains_and_leaves_a_checkpoint_we_serve(recordings, tmp_path):
     """``python -m tutorial_utils lerobot-train``: our recording converted by LeRobot's converter, trained
-    by LeRobot's script with our family's parameters, saved where our server and evaluate job read it."""
-    from helpers import openpi_observation
+    by LeRobot's own script (``lerobot.scripts.lerobot_train``, 2 steps of a tiny ACT) with our family's
+    parameters; its ``pretrained_model``, loaded into our adapter (:func:`from_lerobot_pretrained`), is
+    saved where our server and evaluate job read it, and served it computes what LeRobot's own policy
+    computes."""
     from tutorial_utils import policies
     from tutorial_utils.errors import ConfigError
     from tutorial_utils.train import lerobot_loop
@@ -226,7 +192,8 @@ def test_lerobot_train_command_converts_trains_and_leaves_a_checkpoint_we_serve(
     assert s["steps"] == 2 and s["losses"] and s["losses"][-1][0] == 2  # LeRobot's own log lines, parsed
     assert "--policy.optimizer_lr_backbone=0.0001" in s["command"]  # one learning rate, ours, for every part
     served = policies.make_policy("act", checkpoint=str(tmp_path / "run" / "checkpoints" / "last"))
-    assert served.metadata["replan_steps"] == 4 and served.infer(openpi_observation(SIZE))["actions"].shape == (8, 7)
+    assert served.name == "act" and served.metadata["image_size"] == SIZE
+    _served_equals_lerobots_own(served, tmp_path / "run" / "lerobot" / "checkpoints" / "last" / "pretrained_model")
     # LeRobot does not resize: a model of another size trains on a copy at its size, holding the
     # pixels our trainer and server give that model
     from tutorial_utils.data.images import resize

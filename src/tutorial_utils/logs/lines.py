@@ -64,6 +64,7 @@ __all__ = [
     "parse_train_log",
     "parse_server_log",
     "parse_eval_log",
+    "documented_eval_lines",
 ]
 
 # --- training (DiT4DiT/training/train.py) ---------------------------------------------------
@@ -416,6 +417,14 @@ def parse_server_log(source: str | os.PathLike) -> dict[str, Any]:
 
 def _bool(text: str) -> bool | None:
     return {"true": True, "false": False}.get(text.strip().lower())
+
+
+def documented_eval_lines(source: str | os.PathLike) -> list[str]:
+    """The lines of a LIBERO client log written with the ``EVAL_*`` formats (FACTS section 5), in
+    order; LIBERO's and robosuite's own prints left out. Two evaluations of the same episodes (one
+    client process or several, merged) give the same list."""
+    heads = tuple(fmt.split("{")[0] for name, fmt in globals().items() if name.startswith("EVAL_") and "{" in fmt)
+    return [ln for ln in log_text(source).splitlines() if ln.startswith(heads)]
 
 
 def parse_eval_log(source: str | os.PathLike) -> dict[str, Any]:
