@@ -83,6 +83,16 @@ def test_libero_config_is_prewritten(tmp_path, monkeypatch):
 
 @pytest.mark.libero
 @pytest.mark.slow
+@pytest.mark.parametrize("high", [21, 60_000, 2**40])  # grid cells, a mesh's vertices, too large to pack
+def test_unique_rows_groups_orders_and_indexes_as_numpy_does(high):
+    rows = np.random.default_rng(0).integers(0, high, size=(5000, 3))
+    rows[::7] = rows[3]  # repeats
+    for kw in ({"return_inverse": True}, {"return_index": True}):
+        want, got = np.unique(rows, axis=0, **kw), le._unique_rows(rows, **kw)
+        np.testing.assert_array_equal(got[1].reshape(-1), want[1].reshape(-1))
+        assert len(got[0]) == len(want[0])
+
+
 def test_headless_env_and_privileged_observation():
     from openpi_client import msgpack_numpy
 

@@ -297,6 +297,16 @@ DECIMATE_CELLS = 20
 DECIMATE_MIN_FACES = 1500
 
 
+def _unique_rows(rows: np.ndarray, **kw):
+    """``np.unique(rows, axis=0, **kw)`` for rows of 3 non-negative integers, ~9x faster: each row
+    packed into one int64 in the rows' lexicographic order, so the grouping, the order and the
+    indices are exactly those of the rows (the rows themselves when the key would not fit)."""
+    base = int(rows.max(initial=0)) + 1
+    if base**3 >= 2**63:
+        return np.unique(rows, axis=0, **kw)
+    return np.unique((rows[:, 0] * base + rows[:, 1]) * base + rows[:, 2], **kw)
+
+
 def decimate_visual_meshes(m, cells: int = DECIMATE_CELLS, min_faces: int = DECIMATE_MIN_FACES) -> tuple[int, int]:
     """Simplify, in place, the meshes only non-colliding (visual) geoms use; returns faces before/after.
 
@@ -322,14 +332,14 @@ def decimate_visual_meshes(m, cells: int = DECIMATE_CELLS, min_faces: int = DECI
         v = m.mesh_vert[va : va + vn]
         lo = v.min(0)
         cell = max(float((v.max(0) - lo).max()) / cells, 1e-9)
-        _, inv = np.unique(np.floor((v - lo) / cell).astype(np.int64), axis=0, return_inverse=True)
+        _, inv = _unique_rows(np.floor((v - lo) / cell).astype(np.int64), return_inverse=True)
         inv = inv.reshape(-1)
         rep = np.empty(inv.max() + 1, dtype=np.int64)
         order = np.arange(vn)[::-1]
         rep[inv[order]] = order  # the first vertex of each cell
         nf = rep[inv[m.mesh_face[fa : fa + fn]]]
         ok = (nf[:, 0] != nf[:, 1]) & (nf[:, 1] != nf[:, 2]) & (nf[:, 0] != nf[:, 2])
-        _, first = np.unique(np.sort(nf[ok], axis=1), axis=0, return_index=True)
+        _, first = _unique_rows(np.sort(nf[ok], axis=1), return_index=True)
         idx = np.nonzero(ok)[0][np.sort(first)]
         k = len(idx)
         m.mesh_face[fa : fa + k] = nf[idx]
