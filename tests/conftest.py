@@ -44,14 +44,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if measured.get(item.nodeid, 0.0) >= SLOW_S and "slow" not in item.keywords:
             item.add_marker(pytest.mark.slow)
-    # the heaviest test modules first (their measured seconds in all), each module's tests together and
-    # in their own order: on xdist's workers the long ones then start early instead of one worker
-    # finishing a long module alone at the end
-    weight: dict[str, float] = {}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        weight[module] = weight.get(module, 0.0) + measured.get(item.nodeid, 0.0)
-    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable: the order within a module stays
 
 
 _DURATIONS_SEEN: dict[str, float] = {}
