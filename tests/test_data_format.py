@@ -146,6 +146,36 @@ def test_random_access_matches_sequential(tiny):
         np.testing.assert_array_equal(s["observation.images.wrist_image"][0], ref[s["episode_index"]][s["frame_index"]])
 
 
+def test_a_frame_asked_for_at_another_size_is_resized_once_and_cached_at_that_size(tiny, monkeypatch):
+    """The training reads every frame once per epoch at the model's size: the video cache resizes it
+    the first time (the same function the trainer used per sample, so the same bytes) and keeps the
+    small frame, not the full-size RGB."""
+    from tutorial_utils.data import images
+    from tutorial_utils.train.data import LeRobotSource, WindowDataset, dataset_statistics
+
+    key = "observation.images.image"
+    full = LeRobotDataset(tiny).frame(1, key, 5)
+    calls = []
+    real = images.resize
+    monkeypatch.setattr(images, "resize", lambda img, size: calls.append(size) or real(img, size))
+    ds = LeRobotDataset(tiny)
+    small = ds.frame(1, key, 5, size=16)
+    assert small.shape == (16, 16, 3) and calls == [16]
+    np.testing.assert_array_equal(small, real(full, 16))
+    assert ds.frame(1, key, 5, size=16) is small and calls == [16]  # the second epoch: no resize
+    vid = ds._video(1, key)
+    assert (5, 16) in vid.resized and not isinstance(vid.frames[5], np.ndarray)  # no full-size RGB kept
+    assert ds.frame(1, key, 5, size=SIZE).shape == (SIZE, SIZE, 3) and calls == [16]  # its own size: no resize
+    np.testing.assert_array_equal(ds.frame(1, key, 5), full)  # full size still there for other readers
+    # the training windows: same images as resizing the full-size frames per sample
+    src = LeRobotSource(tiny, dataset_statistics(tiny, None))
+    windows = WindowDataset(src, np.arange(len(src)), 4, 16)
+    plain = LeRobotDataset(tiny)
+    for k in (0, 7, len(src) - 1):
+        ep, f = plain.locate(k)
+        np.testing.assert_array_equal(windows[k][key], real(plain.frame(ep, key, f), 16))
+
+
 def test_dataloader_workers(tiny):
     torch = pytest.importorskip("torch")
     torch.set_num_threads(1)

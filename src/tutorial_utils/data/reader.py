@@ -527,11 +527,12 @@ class LeRobotDataset:
         for v in open_[: max(0, len(open_) - self.MAX_OPEN_DECODERS)]:
             v.close()
 
-    def frame(self, ep: int, key: str, frame_index: int) -> np.ndarray:
-        """One camera frame (H,W,3) uint8."""
+    def frame(self, ep: int, key: str, frame_index: int, size: int | None = None) -> np.ndarray:
+        """One camera frame (H,W,3) uint8; with ``size``, resized to size x size once and cached
+        at that size (:meth:`EpisodeVideo.get`)."""
         vid = self._video(ep, key)
         before = vid.nbytes
-        frame = vid.get(frame_index)
+        frame = vid.get(frame_index, size)
         self._video_bytes += vid.nbytes - before
         if self._video_bytes > self.cache_bytes:
             self._evict()

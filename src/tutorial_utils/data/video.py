@@ -113,6 +113,8 @@ class EpisodeVideo:
         self.time_base = float(self.stream.time_base)
         self.start = self.stream.start_time or 0
         self.frames: dict[int, Any] = {}  # decoded av.VideoFrame (yuv), or its RGB array once asked for
+        # frames asked for at another size (a training's model size): resized once, not every epoch
+        self.resized: dict[tuple[int, int], np.ndarray] = {}
         self.nbytes = 0
         self._iter = None
         self._next = 0  # frame number the iterator produces next
@@ -157,13 +159,27 @@ class EpisodeVideo:
             "re-download the file, or re-record the episode",
         )
 
-    def get(self, k: int) -> np.ndarray:
+    def get(self, k: int, size: int | None = None) -> np.ndarray:
+        """Frame ``k`` as (H, W, 3) uint8 RGB; with ``size``, resized to ``size`` x ``size`` by
+        :func:`tutorial_utils.data.images.resize` and kept at that size (the full-size RGB is then
+        not kept: the decoded frame is half its bytes), so a training that reads each frame once per
+        epoch resizes it once."""
+        if size is not None:
+            small = self.resized.get((k, int(size)))
+            if small is not None:
+                return small
         got = self._decoded(k)
-        if not isinstance(got, np.ndarray):
-            got = _rgb(got)
-            self.frames[k] = got
-            self.nbytes += got.nbytes // 2  # yuv420 was counted as half of rgb
-        return got
+        rgb = got if isinstance(got, np.ndarray) else _rgb(got)
+        if size is None or rgb.shape[:2] == (int(size), int(size)):
+            if rgb is not got:
+                self.frames[k] = rgb
+                self.nbytes += rgb.nbytes // 2  # yuv420 was counted as half of rgb
+            return rgb
+        from tutorial_utils.data.images import resize
+
+        small = self.resized[(k, int(size))] = resize(rgb, int(size))
+        self.nbytes += small.nbytes
+        return small
 
     def _decoded(self, k: int):
         got = self.frames.get(k)

@@ -162,10 +162,11 @@ class DemonstrationWindows:
     def __len__(self) -> int:
         return len(self.frame_episode)
 
-    def get(self, t: int, horizon: int | None = None) -> dict:
+    def get(self, t: int, horizon: int | None = None, image_size: int | None = None) -> dict:
+        """The window at frame ``t``, its images at the family's ``image_size`` (whatever the caller's)."""
         h = self.horizon if horizon is None else int(horizon)
         end = int(self.ep_end[t])
-        frames = [self.source.get(min(t + k, end - 1), 1) for k in range(h + 1)]
+        frames = [self.source.get(min(t + k, end - 1), 1, image_size=self.image_size) for k in range(h + 1)]
         valid = np.array([t + k < end for k in range(h + 1)], bool)
         out: dict[str, Any] = {}
         for cam in BATCH_CAMERAS:

@@ -220,8 +220,10 @@ class TimeWindows:
         self.obs_deltas = [int(d) for d in obs_deltas]
         self.action_deltas = [int(d) for d in action_deltas]
 
-    def get(self, i: int, horizon: int) -> dict:
-        return self.source.get(i, horizon, obs_deltas=self.obs_deltas, action_deltas=self.action_deltas)
+    def get(self, i: int, horizon: int, image_size: int | None = None) -> dict:
+        return self.source.get(
+            i, horizon, obs_deltas=self.obs_deltas, action_deltas=self.action_deltas, image_size=image_size
+        )
 
     def __len__(self) -> int:
         return len(self.source)

@@ -49,8 +49,9 @@ class ArraySource:
     def __len__(self) -> int:
         return len(self.state)
 
-    def get(self, i: int, horizon: int, obs_deltas=None, action_deltas=None) -> dict:
-        """The window at frame ``i`` (see :func:`window_indices` for ``obs_deltas`` / ``action_deltas``)."""
+    def get(self, i: int, horizon: int, obs_deltas=None, action_deltas=None, image_size: int | None = None) -> dict:
+        """The window at frame ``i`` (see :func:`window_indices` for ``obs_deltas`` / ``action_deltas``).
+        The images stay at their size whatever ``image_size`` asks: :class:`WindowDataset` resizes them."""
         start, end = int(self.ep_start[i]), int(self.ep_end[i])
         obs_idx, obs_pad, act_idx, act_pad = _window(i, start, end, horizon, obs_deltas, action_deltas)
         out = {
@@ -178,15 +179,17 @@ class LeRobotSource:
             self._pid = os.getpid()
         return self.ds
 
-    def get(self, i: int, horizon: int, obs_deltas=None, action_deltas=None) -> dict:
-        """The window at global frame ``i`` (see :func:`window_indices`)."""
+    def get(self, i: int, horizon: int, obs_deltas=None, action_deltas=None, image_size: int | None = None) -> dict:
+        """The window at global frame ``i`` (see :func:`window_indices`); images resized to
+        ``image_size`` by the video cache, once per frame (not once per epoch)."""
         ds = self._reader()
         ep, f = ds.locate(int(i))
         low = ds._lowdim(ep)
         obs_idx, obs_pad, act_idx, act_pad = _window(f, 0, int(ds.lengths[ep]), horizon, obs_deltas, action_deltas)
         frames = np.atleast_1d(obs_idx)
         images = {
-            key: np.stack([ds.frame(ep, key, int(k)) for k in frames]) for key in (self.primary_key, self.wrist_key)
+            key: np.stack([ds.frame(ep, key, int(k), image_size) for k in frames])
+            for key in (self.primary_key, self.wrist_key)
         }
         if obs_deltas is None:
             images = {key: v[0] for key, v in images.items()}
@@ -262,7 +265,8 @@ class WindowDataset:
         return len(self.indices)
 
     def __getitem__(self, k: int) -> dict:
-        s = self.source.get(int(k), self.horizon)  # k is already a source index (see StepBatchSampler)
+        # k is already a source index (see StepBatchSampler); a video source resizes each frame once
+        s = self.source.get(int(k), self.horizon, image_size=self.image_size)
         for key in BATCH_CAMERAS:
             img = np.asarray(s[key])
             s[key] = (
