@@ -110,8 +110,32 @@ def test_headless_env_and_privileged_observation():
         assert not env.check_success()
         with pytest.raises(le.LiberoError, match="headless"):
             env.images(obs)
+        # the expert's obstacle boxes, all geoms at once: the same bits as one geom at a time
+        e = env._env.env
+        m, d = e.sim.model._model, e.sim.data._data
+        rng = np.random.default_rng(0)
+        for _ in range(12):
+            env.step(np.concatenate([rng.uniform(-0.5, 0.5, 6), [-1.0]]))
+            for centre in (p["object_pos"][0], np.array(d.xpos[rng.integers(1, m.nbody)])):
+                boxes, owners = le._nearby_geoms(e, m, d, centre, 0.25, "akita_black_bowl_1")
+                want, want_owners = _nearby_geoms_one_by_one(e, m, d, centre, 0.25, "akita_black_bowl_1")
+                assert owners == want_owners and np.array_equal(boxes, want)
+        assert le._collision_geoms(e, m, "akita_black_bowl_1")[0] is le._collision_geoms(e, m, "akita_black_bowl_1")[0]
     finally:
         env.close()
+
+
+def _nearby_geoms_one_by_one(env, m, d, centre, near, exclude):
+    """The per-geom arithmetic :func:`le._nearby_geoms` replaced (its candidates, then each geom's box)."""
+    boxes, owners = [], []
+    for g, name in zip(*le._collision_geoms(env, m, exclude)):
+        R = np.array(d.geom_xmat[g]).reshape(3, 3)
+        c = np.array(d.geom_xpos[g]) + R @ m.geom_aabb[g][:3]
+        h = np.abs(R) @ m.geom_aabb[g][3:]
+        if np.linalg.norm(c[:2] - centre[:2]) - np.linalg.norm(h[:2]) <= near:
+            boxes.append(np.concatenate([c, h]))
+            owners.append(name)
+    return np.array(boxes, dtype=np.float64).reshape(-1, 6), owners
 
 
 @pytest.mark.libero

@@ -521,14 +521,21 @@ class LiberoEnv:
         }
 
 
-def _nearby_geoms(env, m, d, centre: np.ndarray, near: float, exclude: str | None):
-    """World AABBs (centre, half size) of collision geoms near ``centre`` (horizontal distance)."""
+def _collision_geoms(env, m, exclude: str | None) -> tuple[list[int], list[str]]:
+    """The collision geoms :func:`_nearby_geoms` may return (ids and body names): the robot's, the
+    table's, planes and ``exclude``'s own left out. A fixed property of the model, so it is
+    computed once per model and excluded object (the name look-ups were most of an expert step's
+    own time) and kept on ``env``; the model object is part of the key (a hard reset makes a new one)."""
     import mujoco
 
+    cache = env.__dict__.setdefault("_tutorial_collision_geoms", {})
+    got = cache.get(exclude)
+    if got is not None and got[0] is m:
+        return got[1], got[2]
     skip_roots = set()
     if exclude is not None and exclude in env.objects_dict:
         skip_roots.add(m.body(env.objects_dict[exclude].root_body).id)
-    boxes, owners = [], []
+    ids, names = [], []
     for g in range(m.ngeom):
         if m.geom_contype[g] == 0 and m.geom_conaffinity[g] == 0:
             continue
@@ -546,15 +553,27 @@ def _nearby_geoms(env, m, d, centre: np.ndarray, near: float, exclude: str | Non
             continue
         if m.geom_type[g] == mujoco.mjtGeom.mjGEOM_PLANE:
             continue
-        R = np.array(d.geom_xmat[g]).reshape(3, 3)
-        c_local, h_local = m.geom_aabb[g][:3], m.geom_aabb[g][3:]
-        c = np.array(d.geom_xpos[g]) + R @ c_local
-        h = np.abs(R) @ h_local
-        if np.linalg.norm(c[:2] - centre[:2]) - np.linalg.norm(h[:2]) > near:
-            continue
-        boxes.append(np.concatenate([c, h]))
-        owners.append(bname)
-    return np.array(boxes, dtype=np.float64).reshape(-1, 6), owners
+        ids.append(g)
+        names.append(bname)
+    cache[exclude] = (m, ids, names)
+    return ids, names
+
+
+def _nearby_geoms(env, m, d, centre: np.ndarray, near: float, exclude: str | None):
+    """World AABBs (centre, half size) of collision geoms near ``centre`` (horizontal distance).
+    All candidate geoms at once: stacked matmuls and the two-term square roots give the same bits
+    as the per-geom ``R @ v`` and ``np.linalg.norm`` (tests/test_sim_libero_env.py)."""
+    ids, names = _collision_geoms(env, m, exclude)
+    ids = np.asarray(ids, dtype=np.int64)
+    R = np.asarray(d.geom_xmat[ids]).reshape(-1, 3, 3)
+    aabb = np.asarray(m.geom_aabb[ids]).reshape(-1, 6)
+    c = np.asarray(d.geom_xpos[ids]).reshape(-1, 3) + (R @ aabb[:, :3, None])[..., 0]
+    h = (np.abs(R) @ aabb[:, 3:, None])[..., 0]
+    dx, dy = c[:, 0] - centre[0], c[:, 1] - centre[1]
+    far = np.sqrt(dx * dx + dy * dy) - np.sqrt(h[:, 0] * h[:, 0] + h[:, 1] * h[:, 1]) > near
+    keep = np.nonzero(~far)[0]
+    boxes = np.concatenate([c, h], axis=1)[keep]
+    return np.ascontiguousarray(boxes, dtype=np.float64).reshape(-1, 6), [names[k] for k in keep]
 
 
 def _check_init(info: TaskInfo, init_state: int, n: int) -> None:
