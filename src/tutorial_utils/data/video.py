@@ -164,10 +164,21 @@ class EpisodeVideo:
         :func:`tutorial_utils.data.images.resize` and kept at that size (the full-size RGB is then
         not kept: the decoded frame is half its bytes), so a training that reads each frame once per
         epoch resizes it once."""
-        if size is not None:
-            small = self.resized.get((k, int(size)))
-            if small is not None:
-                return small
+        size = None if size is None else int(size)
+        if (k, size) in self.resized:
+            return self.resized[(k, size)]
+        got = self._decoded(k)
+        rgb = got if isinstance(got, np.ndarray) else _rgb(got)
+        if size is None or rgb.shape[:2] == (size, size):
+            if rgb is not got:
+                self.frames[k] = rgb
+                self.nbytes += rgb.nbytes // 2  # yuv420 was counted as half of rgb
+            return rgb
+        from tutorial_utils.data.images import resize
+
+        small = self.resized[(k, size)] = resize(rgb, size)
+        self.nbytes += small.nbytes
+        return small
         got = self._decoded(k)
         rgb = got if isinstance(got, np.ndarray) else _rgb(got)
         if size is None or rgb.shape[:2] == (int(size), int(size)):

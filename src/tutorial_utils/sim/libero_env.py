@@ -572,8 +572,7 @@ def _nearby_geoms(env, m, d, centre: np.ndarray, near: float, exclude: str | Non
     dx, dy = c[:, 0] - centre[0], c[:, 1] - centre[1]
     far = np.sqrt(dx * dx + dy * dy) - np.sqrt(h[:, 0] * h[:, 0] + h[:, 1] * h[:, 1]) > near
     keep = np.nonzero(~far)[0]
-    boxes = np.concatenate([c, h], axis=1)[keep]
-    return np.ascontiguousarray(boxes, dtype=np.float64).reshape(-1, 6), [names[k] for k in keep]
+    return np.concatenate([c, h], axis=1)[keep], [names[k] for k in keep]
 
 
 def _check_init(info: TaskInfo, init_state: int, n: int) -> None:
