@@ -63,7 +63,20 @@ SEEDED = {
     "broken-media": '<img src="../_images/missing.png"/>',
     "small-video": '<video src="clip.mp4" width="128" controls></video>',
     "next-link": '<p>Next: <a href="06_training.html">the training chapter</a>.</p>',
+    "raw-table": (
+        '<table border="1" class="dataframe"><thead><tr style="text-align: right;"><th></th><th>sign</th>'
+        "<th>proves</th></tr></thead><tbody><tr><th>0</th><td>Step 1</td><td>a batch was loaded</td></tr>"
+        "</tbody></table>"
+    ),
 }
+#: pandas' default display at its worst: bare row numbers, a cell cut at 50 characters, a footer
+RAW_TABLE = (
+    SEEDED["raw-table"].replace(
+        "</tbody>",
+        "<tr><th>1</th><td>Step 2</td><td>the step override reached the trainer's config...</td></tr></tbody>",
+    )
+    + "<p>2 rows × 3 columns</p>"
+)
 
 
 @pytest.mark.parametrize("defect", sorted(SEEDED))
@@ -82,6 +95,17 @@ def test_more_shapes_of_the_same_defects(tmp_path):
     for defect, html in shapes.items():
         found = check(CLEAN.replace("</main>", html + "</main>"), tmp_path)
         assert [f.check for f in found] == [defect], (defect, found)
+    # the three raw-table findings each alone, and the tables the chapters show instead: none
+    named = (
+        '<table class="dataframe"><thead><tr><th></th><th>success</th></tr><tr><th>task_id</th><th></th></tr>'
+        "</thead><tbody><tr><th>0</th><td>5/5</td></tr></tbody></table>"
+    )
+    plain = '<table class="dataframe"><thead><tr><th>path</th></tr></thead><tbody><tr><td>data/... (194 more)</td></tr></tbody></table>'
+    assert check(CLEAN.replace("</main>", named + plain + "</main>"), tmp_path) == []
+    found = check(CLEAN.replace("</main>", RAW_TABLE + "</main>"), tmp_path)
+    assert [f.detail.split(":")[0].split(" (")[0] for f in found] == [
+        "a cell cut to '...'", "a first column of bare row numbers", "a truncated table"
+    ], found  # fmt: skip
     # the same text inside a code cell's input is the book's source, not an output: not a warning
     assert check(CLEAN.replace("</main>", cell("warnings.warn('UserWarning')", "ok") + "</main>"), tmp_path) == []
     # a path in a script that is not shown is no finding; in saved widget state (shown) it is

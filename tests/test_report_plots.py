@@ -127,6 +127,22 @@ def test_setup_makes_pandas_print_readable_numbers():
         assert "130.6<" in html and "160<" in html and "130.600000" not in html
 
 
+def test_chapter_tables_show_whole_cells_and_no_bare_row_numbers():
+    import pandas as pd
+
+    long = "the step override reached the trainer's config and nothing else was changed"
+    df = pd.DataFrame({"sign": ["Step 1", "Step 2"], "proves": [long, "x"], "seconds": [130.6, 160.0]})
+    with pd.option_context("display.float_format", None, "display.max_colwidth", 50):
+        page.setup()
+        html = page.table_html(df)
+        assert long in html and "..." not in html  # pandas cuts cells at 50 characters by default
+        assert "<th>0</th>" not in html and "<th></th>" not in html  # 0, 1 name nothing: no index column
+        assert "130.6<" in html  # the rounded numbers stay
+        keyed = page.table_html(df.set_index("sign"))
+        assert "<th>Step 1</th>" in keyed  # an index that names its rows stays
+        assert "<th>1</th>" in page.table_html(df.iloc[1:])  # a slice's numbers are the rows it kept
+
+
 def test_videos_are_embedded_captioned_and_readable(tmp_path):
     import base64
 

@@ -86,13 +86,40 @@ def number(x) -> str:
 
 
 def setup() -> None:
-    """The chapters' display settings: pandas prints floats with :func:`number`."""
+    """The chapters' display settings: pandas prints floats with :func:`number` and every cell's
+    text whole (no ``...`` cut at 50 characters), and in a notebook a table whose rows carry only
+    pandas' default numbering (0, 1, 2, ...) is shown without that column, which names nothing."""
     import pandas as pd
 
     pd.set_option("display.float_format", number)
+    pd.set_option("display.max_colwidth", None)
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython comes with the notebooks
+        return
+    shell = get_ipython()
+    if shell is not None:
+        shell.display_formatter.formatters["text/html"].for_type(pd.DataFrame, table_html)
 
 
-__all__ = ["PAGE_PX", "MIN_TEXT_PX", "figure_png", "readable", "show", "number", "setup"]
+def table_html(df) -> str:
+    """``df`` as the HTML table the chapters show: pandas' own HTML (its display options apply),
+    without the index column when the index is pandas' default numbering."""
+    import pandas as pd
+
+    numbered = (
+        isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1 and df.index.name is None
+    )
+    return df.to_html(
+        index=not numbered,
+        max_rows=pd.get_option("display.max_rows"),
+        max_cols=pd.get_option("display.max_columns"),
+        show_dimensions=pd.get_option("display.show_dimensions"),
+        notebook=True,
+    )
+
+
+__all__ = ["PAGE_PX", "MIN_TEXT_PX", "figure_png", "readable", "show", "number", "setup", "table_html"]
 
 
 #: the width of a rollout video on the page, in CSS pixels (two fit side by side in :data:`PAGE_PX`)

@@ -6,6 +6,9 @@
 - ``object-repr``: an object's repr where a figure or table belongs (``<Figure size 1300x380 with
   3 Axes>``, ``<... object at 0x7f...>``);
 - ``pipe-table``: a Markdown table printed as text (``| a | b |`` over ``|---|---|``);
+- ``raw-table``: a DataFrame shown as pandas prints it by default: cells cut to ``...``, a
+  ``2 rows × 24 columns`` footer, or a first column of bare row numbers (0, 1, 2, ...) that names
+  nothing (``page.setup`` shows tables without these);
 - ``machine-path``: a path of the build machine (its home, the checkout, the temporary folder,
   the runs and data folders, the Hugging Face cache) anywhere on the page;
 - ``warning``: a Python warning or traceback in a cell's output;
@@ -156,6 +159,30 @@ _WARNING = re.compile(
     r"\b(UserWarning|DeprecationWarning|FutureWarning|RuntimeWarning|PendingDeprecationWarning|"
     r"ResourceWarning|SyntaxWarning|ImportWarning|UnicodeWarning|BytesWarning)\b)"
 )
+_DATAFRAME = re.compile(r"<table\b[^>]*\bclass=\"[^\"]*\bdataframe\b[^>]*>.*?</table>", re.S)
+_CUT_CELL = re.compile(r"<td[^>]*>([^<]{0,60}?)\.\.\.</td>")
+_DIMENSIONS = re.compile(r"<p>\d+ rows × \d+ columns</p>")
+_BARE_NUMBERS = re.compile(r"<thead>\s*<tr[^>]*>\s*<th></th>.*?</tr>\s*</thead>\s*<tbody>\s*<tr>\s*<th>0</th>", re.S)
+
+
+def _raw_tables(text: str) -> list[str]:
+    """What pandas' default display left on the page (see ``raw-table``), one line each."""
+    out = []
+    for t in _DATAFRAME.finditer(text):
+        table = t.group(0)
+        if m := _CUT_CELL.search(table):
+            out.append(f"a cell cut to '...': {html.unescape(m.group(1))[:60]!r}...")
+        head = table.split("</thead>")[0]
+        if _BARE_NUMBERS.search(table) and head.count("<tr") == 1:
+            out.append(f"a first column of bare row numbers (0, 1, ...) in the table headed {_headers(head)!r}")
+    out += [f"a truncated table: {m.group(0)[3:-4]!r}" for m in _DIMENSIONS.finditer(text)]
+    return out
+
+
+def _headers(head: str) -> str:
+    return ", ".join(html.unescape(h) for h in re.findall(r"<th[^>]*>([^<]*)</th>", head) if h)[:80]
+
+
 _ROLE = re.compile(r"\{(glue(:\w+)?|doc|ref|numref|eq|download|term|cite|sub-ref)\}`|\{\{\s*[\w.-]+\s*\}\}")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(px)?\s*$")
 
@@ -229,6 +256,9 @@ def check_page(
         add("object-repr", f"{m.group(0)!r} shown where its content belongs")
     for m in list(_PIPE_RULE.finditer(shown))[:3]:
         add("pipe-table", f"a Markdown table printed as text: {_excerpt(shown, m.start(), m.end())!r}")
+
+    for problem in _raw_tables(text)[:3]:
+        add("raw-table", problem)
 
     everything = "".join(t for _, t in p.chunks) + " ".join(
         v for _, a in p.media for k, v in a.items() if k in ("src", "poster") and not v.startswith("data:")
