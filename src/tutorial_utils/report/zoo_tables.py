@@ -95,9 +95,17 @@ def table(zoo: dict[str, Any]):
 
 
 def text(zoo: dict[str, Any]) -> str:
-    """The table as plain text with the budget it was made with."""
+    """The table as plain text with the budget it was made with (for a terminal; a chapter
+    prints :func:`caption` and displays :func:`table`, which the page shows as a table)."""
     import pandas as pd
 
+    with pd.option_context("display.width", 220, "display.max_columns", 20):
+        return caption(zoo, table_text=table(zoo).to_string())
+
+
+def caption(zoo: dict[str, Any], table_text: str | None = None) -> str:
+    """What the comparison (or sweep) was made with, and the exported bundle's result when there
+    is one; ``table_text`` goes between the two."""
     c = zoo["config"]
     if zoo.get("kind") == "sweep":
         what = f"{c['policy']}, {len(zoo['rows'])} values of {c['param']}, {c['steps']} steps each"
@@ -108,8 +116,7 @@ def text(zoo: dict[str, Any]) -> str:
         f"{what}, batch {c['batch_size']}, dataset {c['dataset']}; evaluated on "
         f"{c['suite']} tasks {c['task_ids']} x {c['trials_per_task']} trials (seed 7, {c['workers']} client workers)"
     )
-    with pd.option_context("display.width", 220, "display.max_columns", 20):
-        out = head + "\n" + table(zoo).to_string()
+    out = head + ("\n" + table_text if table_text else "")
     if b := zoo.get("bundle"):
         lo, hi = b["ci95_low"] or 0.0, b["ci95_high"] or 0.0
         out += (
