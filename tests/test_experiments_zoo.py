@@ -176,6 +176,19 @@ def test_a_tiny_sweep_compares_exports_and_evaluates_the_bundle(tmp_path, runs_d
     assert dest.name == "sweep_cpu.json" and zoo_tables.load(dest)["kind"] == "sweep"
 
 
+@pytest.mark.parametrize("promoted", ["logs/sweep_cpu.json", "logs/zoo_cpu.json"])
+def test_the_success_bars_labels_do_not_overlap(promoted):
+    """The chapters' comparison and sweep figures: each bar's label readable on its own (the sweep's
+    'optimizer_lr=0.0001' labels once ran into each other under the bars)."""
+    z = zoo_tables.load(paths.REPO / promoted)
+    fig = zoo_tables.figure(z)
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    boxes = sorted((t.get_window_extent() for t in ax.get_xticklabels() if t.get_text()), key=lambda b: b.x0)
+    assert len(boxes) == len(z["rows"])
+    assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:], strict=False)), [(b.x0, b.x1) for b in boxes]
+
+
 @pytest.mark.parametrize("job", ["zoo.md", "sweep.md"])
 def test_full_size_profiles_evaluate_whole_episodes(job):
     """The ci profile runs short episodes; the full-size profiles run them to the suite's limit:

@@ -138,7 +138,12 @@ def figure(zoo: dict[str, Any]):
     colors = {f: f"C{i % 10}" for i, f in enumerate(fams)}
     fig = Figure(figsize=(13, 3.8), layout="constrained")
     ax_sr, ax_loss, ax_val = fig.subplots(1, 3)
-    _success_bars(ax_sr, fams, zoo["rows"], [colors[f] for f in fams])
+    ticks = fams
+    param = zoo["config"].get("param") if zoo.get("kind") == "sweep" else None
+    if param and all(f.startswith(f"{param}=") for f in fams):  # the values under the bars, the name once
+        ticks = [f.removeprefix(f"{param}=") for f in fams]
+        ax_sr.set_xlabel(param)
+    _success_bars(ax_sr, ticks, zoo["rows"], [colors[f] for f in fams])
     ax_sr.set_title("LIBERO success rate (95% Wilson interval)")
     for fam, cur in zoo["curves"].items():
         if cur["train"]:
