@@ -179,18 +179,6 @@ class EpisodeVideo:
         small = self.resized[(k, size)] = resize(rgb, size)
         self.nbytes += small.nbytes
         return small
-        got = self._decoded(k)
-        rgb = got if isinstance(got, np.ndarray) else _rgb(got)
-        if size is None or rgb.shape[:2] == (int(size), int(size)):
-            if rgb is not got:
-                self.frames[k] = rgb
-                self.nbytes += rgb.nbytes // 2  # yuv420 was counted as half of rgb
-            return rgb
-        from tutorial_utils.data.images import resize
-
-        small = self.resized[(k, int(size))] = resize(rgb, int(size))
-        self.nbytes += small.nbytes
-        return small
 
     def _decoded(self, k: int):
         got = self.frames.get(k)
